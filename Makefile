@@ -1,0 +1,45 @@
+# Two commands from a fresh clone:  `make train`  and  `make test`.
+# Both create (or reuse) .venv and install everything into it.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# torch goes in first so nothing later can upgrade it. On a machine with an NVIDIA driver,
+# PyPI's default Linux wheel is the CUDA build; without one, set TORCH_SPEC/TORCH_PIP_ARGS to
+# choose a CPU build (e.g. TORCH_PIP_ARGS="--index-url <pytorch cpu index>").
+TORCH_SPEC     ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+# Where `make train` looks for Multi30k when the Hugging Face Hub is unreachable.
+DATA_DIR ?= $(firstword $(wildcard ../shared/data/multi30k))
+TRAIN_ARGS ?=
+
+.PHONY: venv train test test-all lint bench clean
+
+venv: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+# Default experiment (CPU-sized Multi30k de->en). Uses local Multi30k files when found,
+# else the Hub dataset bentrevett/multi30k. Override: make train DATA_DIR=/path/to/multi30k
+train: venv
+	$(BIN)/python train.py $(if $(DATA_DIR),data.dir=$(DATA_DIR)) $(TRAIN_ARGS)
+
+test: venv
+	$(BIN)/python -m pytest -q -m "not slow and not corpus"
+
+test-all: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+
+bench: venv
+	$(BIN)/python -m pip install -q -e ".[bench]"
+	$(BIN)/python scripts/benchmark.py
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

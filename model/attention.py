@@ -1,0 +1,231 @@
+"""Attention: masks, masked softmax, scoring functions, multi-head attention and its KV cache.
+
+Legend: B batch, T query len, S key len, D d_model, H heads, Dh head dim (D / H).
+Masks are bool and True means "may attend" (the convention of
+`F.scaled_dot_product_attention`, and the opposite of `nn.MultiheadAttention`'s
+`key_padding_mask`). Keys are masked, never queries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class AttentionOutput(NamedTuple):
+    output: Tensor  # (B, T, Dv) or (B, T, D)
+    weights: Tensor | None  # (B, T, S) or (B, H, T, S), only when asked for
+
+
+# ---------------------------------------------------------------------------- masks
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, S) bool, True at real tokens."""
+    return ids.ne(pad_id)
+
+
+def lengths_to_mask(valid_lens: Tensor, n_keys: int) -> Tensor:
+    """Valid lengths per row (B,) or per query (B, T) -> key mask (B, 1, S) or (B, T, S)."""
+    positions = torch.arange(n_keys, device=valid_lens.device)  # (S,)
+    mask = positions < valid_lens.unsqueeze(-1)  # (B, S) or (B, T, S)
+    return mask.unsqueeze(1) if valid_lens.dim() == 1 else mask
+
+
+def causal_mask(n_queries: int, n_keys: int | None = None, device: torch.device | None = None) -> Tensor:
+    """(T, S) bool: query i may see keys j <= i + (S - T).
+
+    Right-aligned, so that with a KV cache (S > T: the queries are the last T positions) each
+    query still sees exactly its own past. `torch.tril(ones(T, S))` would be top-left aligned,
+    which is wrong for cached steps.
+    """
+    n_keys = n_queries if n_keys is None else n_keys
+    q_pos = torch.arange(n_queries, device=device).unsqueeze(1) + (n_keys - n_queries)  # (T, 1)
+    k_pos = torch.arange(n_keys, device=device).unsqueeze(0)  # (1, S)
+    return k_pos <= q_pos  # (T, S)
+
+
+def masked_softmax(
+    scores: Tensor, valid_lens: Tensor | None = None, mask: Tensor | None = None
+) -> Tensor:
+    """Softmax over the last axis in which masked keys get weight exactly 0.
+
+    Args:
+        scores: (B, T, S) or (B, H, T, S).
+        valid_lens: (B,) keys per row, or (B, T) keys per query.
+        mask: bool, broadcastable to `scores`, True = may attend.
+
+    A row with no valid key returns all zeros rather than NaN.
+    """
+    if valid_lens is not None:
+        mask = lengths_to_mask(valid_lens, scores.size(-1))  # (B, 1|T, S)
+        while mask.dim() < scores.dim():
+            mask = mask.unsqueeze(1)  # broadcast over heads: (B, 1, 1|T, S)
+    if mask is None:
+        return F.softmax(scores, dim=-1)
+    weights = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty rows: NaN -> 0
+
+
+# ---------------------------------------------------------------- scoring functions
+
+
+class DotProductAttention(nn.Module):
+    """Scaled dot-product attention: softmax(q k^T / sqrt(d)) v (Vaswani et al., eq. 1)."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        queries: Tensor,  # (B, T, d)
+        keys: Tensor,  # (B, S, d)
+        values: Tensor,  # (B, S, dv)
+        valid_lens: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.size(-1))  # (B, T, S)
+        weights = masked_softmax(scores, valid_lens, mask)  # (B, T, S)
+        output = self.dropout(weights) @ values  # (B, T, dv)
+        return AttentionOutput(output, weights if need_weights else None)
+
+
+class AdditiveAttention(nn.Module):
+    """Additive (Bahdanau) attention: score(q, k) = w_v . tanh(W_q q + W_k k), no biases.
+
+    Queries and keys may have different sizes (Bahdanau et al. 2015, eq. 6 / appendix A).
+    """
+
+    def __init__(self, key_size: int, query_size: int, n_hidden: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.W_k = nn.Linear(key_size, n_hidden, bias=False)
+        self.W_q = nn.Linear(query_size, n_hidden, bias=False)
+        self.w_v = nn.Linear(n_hidden, 1, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        queries: Tensor,  # (B, T, query_size)
+        keys: Tensor,  # (B, S, key_size)
+        values: Tensor,  # (B, S, dv)
+        valid_lens: Tensor | None = None,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        features = self.W_q(queries).unsqueeze(2) + self.W_k(keys).unsqueeze(1)  # (B, T, S, h)
+        scores = self.w_v(torch.tanh(features)).squeeze(-1)  # (B, T, S)
+        weights = masked_softmax(scores, valid_lens, mask)  # (B, T, S)
+        output = self.dropout(weights) @ values  # (B, T, dv)
+        return AttentionOutput(output, weights if need_weights else None)
+
+
+# ------------------------------------------------------------- multi-head attention
+
+
+@dataclass
+class KVCache:
+    """One decoder layer's cached keys and values, so that decoding a token costs one token.
+
+    Self-attention keys/values grow by one step at a time; cross-attention keys/values are
+    computed once from the encoder output (fairseq's `static_kv`).
+    """
+
+    self_k: Tensor | None = None  # (B, H, t, Dh)
+    self_v: Tensor | None = None
+    cross_k: Tensor | None = None  # (B, H, S, Dh)
+    cross_v: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (B',) of every cached tensor, e.g. after beams were re-ranked."""
+        for name in ("self_k", "self_v", "cross_k", "cross_v"):
+            cached = getattr(self, name)
+            if cached is not None:
+                setattr(self, name, cached.index_select(0, index))
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al., sec. 3.2.2), batch-first.
+
+    One fused input projection `in_proj` (D -> 3D, laid out q | k | v): self-attention projects
+    q, k, v in one matmul; cross-attention projects q from the decoder and k, v from the encoder
+    output with the two slices of the same weight. The kernel is
+    `F.scaled_dot_product_attention` (flash / memory-efficient); when the weights are asked
+    for, an explicit path computes them. Both paths give the same output.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split_heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        x = x.view(B, T, n, self.n_heads, self.d_head)  # (B, T, n, H, Dh)
+        return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, Dh)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, T, D) -> q, k, v, each (B, H, T, Dh), with one matmul."""
+        q, k, v = self._split_heads(self.in_proj(x), 3)
+        return q, k, v
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """(B, T, D) -> (B, H, T, Dh)."""
+        D = self.d_model
+        return self._split_heads(F.linear(x, self.in_proj.weight[:D], self.in_proj.bias[:D]), 1)[0]
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) -> k, v, each (B, H, S, Dh)."""
+        D = self.d_model
+        k, v = self._split_heads(F.linear(x, self.in_proj.weight[D:], self.in_proj.bias[D:]), 2)
+        return k, v
+
+    def attend(
+        self,
+        q: Tensor,  # (B, H, T, Dh)
+        k: Tensor,  # (B, H, S, Dh)
+        v: Tensor,  # (B, H, S, Dh)
+        mask: Tensor | None = None,  # bool, broadcastable to (B, H, T, S)
+        is_causal: bool = False,  # only when T == S: PyTorch's causal mask is top-left aligned
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            if is_causal:
+                causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
+                mask = causal if mask is None else mask & causal
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
+            weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
+            context = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)
+        else:
+            weights = None
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )  # (B, H, T, Dh)
+        B, H, T, Dh = context.shape
+        context = context.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
+        return AttentionOutput(self.out_proj(context), weights)
+
+    def forward(
+        self,
+        query: Tensor,  # (B, T, D)
+        key_value: Tensor | None = None,  # (B, S, D); None means self-attention on `query`
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> AttentionOutput:
+        if key_value is None:
+            q, k, v = self.project_qkv(query)
+        else:
+            q = self.project_q(query)
+            k, v = self.project_kv(key_value)
+        return self.attend(q, k, v, mask, is_causal, need_weights)

@@ -1,0 +1,127 @@
+"""Encoder and decoder layers (Vaswani et al. 2017, sec. 3.1 and 3.3).
+
+Legend: B batch, T tgt len, S src len, D d_model, H heads.
+Each sublayer is wrapped in a residual connection with dropout and LayerNorm. The paper
+normalises after the residual add (post-norm, the default); `norm_first=True` normalises the
+sublayer input instead (pre-norm, Wang et al. 2019), which trains deep or big models more
+stably and needs a final LayerNorm after the stack (see `transformer.py`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
+from model.config import ModelConfig
+
+
+class LayerOutput(NamedTuple):
+    hidden: Tensor  # (B, T, D)
+    self_attn: Tensor | None  # (B, H, T, T) when need_weights
+    cross_attn: Tensor | None = None  # (B, H, T, S), decoder layers only
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: max(0, x W1 + b1) W2 + b2 (eq. 2)."""
+
+    def __init__(self, d_model: int, d_ff: int, act_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.act_dropout = act_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = F.dropout(F.relu(self.linear1(x)), self.act_dropout, self.training)  # (B, T, F)
+        return self.linear2(hidden)  # (B, T, D)
+
+
+class _ResidualLayer(nn.Module):
+    """The residual + dropout + LayerNorm wiring shared by encoder and decoder layers."""
+
+    def __init__(self, cfg: ModelConfig, n_sublayers: int) -> None:
+        super().__init__()
+        self.norm_first = cfg.norm_first
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(n_sublayers))
+
+    def sublayer_input(self, x: Tensor, i: int) -> Tensor:
+        return self.norms[i](x) if self.norm_first else x
+
+    def residual(self, x: Tensor, sublayer_output: Tensor, i: int) -> Tensor:
+        x = x + self.dropout(sublayer_output)  # sec. 5.4: dropout before the residual add
+        return x if self.norm_first else self.norms[i](x)
+
+
+class EncoderLayer(_ResidualLayer):
+    """Self-attention, then feed-forward."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg, n_sublayers=2)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.act_dropout)
+
+    def forward(self, x: Tensor, src_mask: Tensor, need_weights: bool = False) -> LayerOutput:
+        """x: (B, S, D); src_mask: (B, 1, 1, S) bool."""
+        attn = self.self_attn(self.sublayer_input(x, 0), mask=src_mask, need_weights=need_weights)
+        x = self.residual(x, attn.output, 0)
+        x = self.residual(x, self.feed_forward(self.sublayer_input(x, 1)), 1)
+        return LayerOutput(x, attn.weights)
+
+
+class DecoderLayer(_ResidualLayer):
+    """Masked (causal) self-attention, then encoder-decoder attention, then feed-forward."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg, n_sublayers=3)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.act_dropout)
+
+    def forward(
+        self,
+        x: Tensor,  # (B, T, D): the T newest target positions
+        memory: Tensor,  # (B, S, D) encoder output
+        src_mask: Tensor,  # (B, 1, 1, S) bool
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> LayerOutput:
+        self_out = self._self_attention(self.sublayer_input(x, 0), cache, need_weights)
+        x = self.residual(x, self_out.output, 0)
+        cross_out = self._cross_attention(self.sublayer_input(x, 1), memory, src_mask, cache, need_weights)
+        x = self.residual(x, cross_out.output, 1)
+        x = self.residual(x, self.feed_forward(self.sublayer_input(x, 2)), 2)
+        return LayerOutput(x, self_out.weights, cross_out.weights)
+
+    def _self_attention(
+        self, h: Tensor, cache: KVCache | None, need_weights: bool
+    ) -> AttentionOutput:
+        q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, Dh) each
+        if cache is not None:
+            if cache.self_k is not None:  # append this step to the past: (B, H, t + T, Dh)
+                k = torch.cat([cache.self_k, k], dim=2)
+                v = torch.cat([cache.self_v, v], dim=2)
+            cache.self_k, cache.self_v = k, v
+        n_queries, n_keys = q.size(2), k.size(2)
+        if n_queries == 1:  # one new token may see every cached position: no mask needed
+            return self.self_attn.attend(q, k, v, need_weights=need_weights)
+        if n_queries == n_keys:  # full teacher-forced pass
+            return self.self_attn.attend(q, k, v, is_causal=True, need_weights=need_weights)
+        mask = causal_mask(n_queries, n_keys, q.device)  # several new tokens on a cache: (T, t+T)
+        return self.self_attn.attend(q, k, v, mask=mask, need_weights=need_weights)
+
+    def _cross_attention(
+        self, h: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache | None, need_weights: bool
+    ) -> AttentionOutput:
+        q = self.cross_attn.project_q(h)  # (B, H, T, Dh)
+        if cache is not None and cache.cross_k is not None:
+            k, v = cache.cross_k, cache.cross_v  # computed once per sentence
+        else:
+            k, v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
+            if cache is not None:
+                cache.cross_k, cache.cross_v = k, v
+        return self.cross_attn.attend(q, k, v, mask=src_mask, need_weights=need_weights)
+

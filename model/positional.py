@@ -1,0 +1,51 @@
+"""Sinusoidal positional encoding (Vaswani et al. 2017, sec. 3.5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
+
+    Shape: (n_positions, d_model), float32.
+    """
+    position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model)
+    )  # (D/2,)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)  # even dims
+    table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])  # odd dims
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Adds position signals to embeddings, then dropout.
+
+    The table is precomputed for `initial_len` positions and grows (doubling) when a longer
+    input arrives, so there is no length limit to hit by surprise. It is a non-persistent buffer:
+    checkpoints do not depend on it.
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0, initial_len: int = 1024) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("table", sinusoid_table(initial_len, d_model), persistent=False)
+
+    def _grow(self, n_positions: int) -> None:
+        size = self.table.size(0)
+        while size < n_positions:
+            size *= 2
+        self.table = sinusoid_table(size, self.d_model).to(self.table.device)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x: (B, T, D) embeddings of positions offset..offset+T-1 -> (B, T, D)."""
+        end = offset + x.size(1)
+        if end > self.table.size(0):
+            self._grow(end)
+        return self.dropout(x + self.table[offset:end].to(x.dtype))  # table slice: (T, D)
