@@ -1,0 +1,305 @@
+"""Token-budget batches: the ``Batch`` dataclass, ``collate`` and a length-bucketed sampler.
+
+Legend: B batch, S source length (with eos), T target length (with bos or eos).
+
+Batches are sized by tokens, not sentences (Vaswani et al. 2017, sec. 5.1: "each training batch
+contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
+tokens"). A batch's cost counts padding: ``B * max(S, T) <= max_tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import datasets
+import numpy as np
+import torch
+from torch import Tensor
+
+from .errors import DataError
+from .tokenizer import SpecialIds
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """One batch for teacher forcing.
+
+    Attributes:
+        src_ids: (B, S) long; each row is ``ids + [eos]``, right-padded with pad.
+        tgt_in: (B, T) long; ``[bos] + y``, right-padded (decoder input).
+        tgt_out: (B, T) long; ``y + [eos]``, right-padded (what the decoder must predict).
+        n_src_tokens: Non-pad source tokens.
+        n_tgt_tokens: Non-pad ``tgt_out`` tokens: the loss normaliser.
+        indices: Dataset row of each example, in batch order (to put hypotheses back in
+            corpus order).
+        pad_id: The pad id, so that :attr:`src_mask` needs no other argument.
+    """
+
+    src_ids: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    n_src_tokens: int
+    n_tgt_tokens: int
+    indices: list[int]
+    pad_id: int = 0
+
+    @property
+    def src_mask(self) -> Tensor:
+        """(B, S) bool, True = real token (may be attended to)."""
+        return self.src_ids != self.pad_id
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """A copy with the tensors on ``device``."""
+        return dataclasses.replace(
+            self,
+            src_ids=self.src_ids.to(device, non_blocking=non_blocking),
+            tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
+            tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
+        )
+
+    def __len__(self) -> int:
+        return self.src_ids.size(0)
+
+
+def _pad_rows(rows: list[list[int]], prefix: list[int], suffix: list[int], pad: int) -> Tensor:
+    """``prefix + row + suffix`` for each row, right-padded into a (B, L) long tensor."""
+    width = max((len(row) for row in rows), default=0) + len(prefix) + len(suffix)
+    out = np.full((len(rows), width), pad, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(prefix) + len(row) + len(suffix)] = prefix + list(row) + suffix
+    return torch.from_numpy(out)
+
+
+def encode_source_batch(src_ids: list[list[int]], special: SpecialIds) -> Tensor:
+    """Source ids (no specials) -> (B, S) tensor of ``ids + [eos]``, right-padded; inference."""
+    return _pad_rows(src_ids, [], [special.eos], special.pad)
+
+
+def collate(
+    src_ids: list[list[int]],
+    tgt_ids: list[list[int]],
+    special: SpecialIds,
+    indices: list[int] | None = None,
+) -> Batch:
+    """Pad a list of (source, target) id lists (no specials) into a :class:`Batch`.
+
+    Shape:
+        src_ids: (B, S) with S = longest source + 1; tgt_in, tgt_out: (B, T), T = longest
+        target + 1.
+    """
+    if len(src_ids) != len(tgt_ids):
+        raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
+    tgt_in = _pad_rows(tgt_ids, [special.bos], [], special.pad)  # (B, T)
+    tgt_out = _pad_rows(tgt_ids, [], [special.eos], special.pad)  # (B, T), tgt_in shifted left
+    return Batch(
+        src_ids=encode_source_batch(src_ids, special),  # (B, S)
+        tgt_in=tgt_in,
+        tgt_out=tgt_out,
+        n_src_tokens=sum(len(s) + 1 for s in src_ids),
+        n_tgt_tokens=sum(len(t) + 1 for t in tgt_ids),
+        indices=list(range(len(src_ids))) if indices is None else list(indices),
+        pad_id=special.pad,
+    )
+
+
+def token_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """``(src_len, tgt_len)`` of an encoded split as int arrays, read straight from Arrow.
+
+    Use it to build a sampler: ``TokenBatchSampler(*token_lengths(ds), max_tokens)``.
+    """
+    columns = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
+    return columns["src_len"], columns["tgt_len"]
+
+
+# datasets >= 4 returns a lazy Column for ds["col"] (older versions return a list).
+_LazyColumn = getattr(datasets, "Column", ())
+
+
+def _as_array(lengths: Sequence[int]) -> np.ndarray:
+    if isinstance(lengths, _LazyColumn):
+        lengths = lengths[:]  # one Arrow read; np.asarray would format row by row (slow)
+    return np.asarray(lengths, dtype=np.int64)
+
+
+class TokenBatchSampler:
+    """Length-bucketed batches of dataset indices under a token budget, sharded over ranks.
+
+    Each epoch: sort by (source length, target length) with random tie-breaking, pack greedily
+    so that ``B * max(S, T) <= max_tokens`` (an example longer than the budget gets a batch of
+    its own), then, if the number of batches is not a multiple of ``world_size``, split the
+    batch with the largest padded size in two (length order is kept) until it is. Consecutive
+    runs of ``world_size`` batches form one step: their shapes are similar, so no rank waits
+    long for the others. Steps are shuffled with a generator seeded by ``(seed, epoch)``, and
+    rank ``r`` takes batch ``r`` of every step. So every rank yields the same number of
+    batches, and over an epoch each pair appears on exactly one rank, exactly once.
+
+    Args:
+        src_lengths: Source token counts, without specials (one eos is added); e.g. from
+            :func:`token_lengths`.
+        tgt_lengths: Target token counts, without specials (one bos/eos is added).
+        max_tokens: Budget per batch and rank, padding included.
+        seed: Base seed; the batches depend only on ``(seed, epoch)``.
+        shuffle: False gives a fixed length-sorted order (validation).
+        rank: This process's data-parallel rank.
+        world_size: Number of data-parallel ranks.
+
+    Raises:
+        DataError: Fewer pairs than needed to give every rank the same number of batches.
+    """
+
+    def __init__(
+        self,
+        src_lengths: Sequence[int],
+        tgt_lengths: Sequence[int],
+        max_tokens: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        self.src_sizes = _as_array(src_lengths) + 1  # + eos
+        self.tgt_sizes = _as_array(tgt_lengths) + 1  # + bos (tgt_in) or eos
+        if self.src_sizes.shape != self.tgt_sizes.shape or self.src_sizes.ndim != 1:
+            raise ValueError("src_lengths and tgt_lengths must be 1-D and equally long")
+        if max_tokens <= 0 or not 0 <= rank < world_size:
+            raise ValueError(f"bad max_tokens={max_tokens}, rank={rank}, world_size={world_size}")
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self._cached: tuple[int, list[np.ndarray]] | None = None
+        too_long = int((np.maximum(self.src_sizes, self.tgt_sizes) > max_tokens).sum())
+        if too_long:
+            log.warning(
+                "%d examples are longer than max_tokens=%d and get a batch of their own",
+                too_long,
+                max_tokens,
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order :meth:`__iter__` yields (call before each epoch)."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._epoch_batches()
+        for step in range(len(batches) // self.world_size):
+            yield batches[step * self.world_size + self.rank].tolist()
+
+    def __len__(self) -> int:
+        return len(self._epoch_batches()) // self.world_size
+
+    def padding_stats(self) -> dict:
+        """Padding for the current epoch over all ranks (src and tgt_out slots both counted).
+
+        Returns:
+            ``tokens`` (real tokens incl. eos), ``padded`` (slots in the padded tensors),
+            ``waste`` (1 - tokens / padded), ``batches`` (all ranks) and ``max_batch_cost``
+            (largest ``B * max(S, T)``).
+        """
+        batches = self._epoch_batches()
+        tokens = int(self.src_sizes.sum() + self.tgt_sizes.sum())
+        padded = sum(
+            len(b) * int(self.src_sizes[b].max() + self.tgt_sizes[b].max()) for b in batches
+        )
+        return {
+            "tokens": tokens,
+            "padded": padded,
+            "waste": 1.0 - tokens / padded if padded else 0.0,
+            "batches": len(batches),
+            "max_batch_cost": max((self._cost(b) for b in batches), default=0),
+        }
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _cost(self, batch: np.ndarray) -> int:
+        """Padded size that the budget limits: B * max(S, T)."""
+        return len(batch) * int(max(self.src_sizes[batch].max(), self.tgt_sizes[batch].max()))
+
+    def _epoch_batches(self) -> list[np.ndarray]:
+        """All ranks' batches in step order: step k is ``batches[k * W:(k + 1) * W]``."""
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
+        rng = np.random.default_rng([self.seed, self.epoch])
+        n = len(self.src_sizes)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        # Stable sorts, least significant key first: source length, then target length,
+        # then the random (or corpus) order breaks ties, so buckets vary between epochs.
+        order = order[np.argsort(self.tgt_sizes[order], kind="stable")]
+        order = order[np.argsort(self.src_sizes[order], kind="stable")]
+        batches = self._split_until_divisible(self._pack(order))
+        n_steps = len(batches) // self.world_size
+        steps = rng.permutation(n_steps) if self.shuffle else np.arange(n_steps)
+        W = self.world_size
+        batches = [batches[s * W + r] for s in steps for r in range(W)]
+        self._cached = (self.epoch, batches)
+        return batches
+
+    def _pack(self, order: np.ndarray) -> list[np.ndarray]:
+        """Greedy packing of length-sorted indices into batches within the budget."""
+        lengths = np.maximum(self.src_sizes, self.tgt_sizes)[order].tolist()  # plain ints: fast
+        batches, start, longest = [], 0, 0
+        for i, length in enumerate(lengths):
+            longest = max(longest, length)
+            if i > start and (i - start + 1) * longest > self.max_tokens:
+                batches.append(order[start:i])
+                start, longest = i, length
+        if start < len(lengths):
+            batches.append(order[start:])
+        return batches
+
+    def _split_until_divisible(self, batches: list[np.ndarray]) -> list[np.ndarray]:
+        """Halve the costliest batches until every rank can get the same number.
+
+        Splitting (rather than dropping or repeating pairs) keeps each pair exactly once and
+        only makes a few batches smaller; at most ``world_size - 1`` splits are needed.
+        """
+        batches = list(batches)
+        costs = [self._cost(b) for b in batches]
+        for _ in range(-len(batches) % self.world_size):
+            splittable = [i for i, b in enumerate(batches) if len(b) > 1]
+            if not splittable:
+                raise DataError(
+                    f"{len(self.src_sizes)} pairs cannot give {self.world_size} ranks the same "
+                    "number of batches; use fewer ranks or a larger split"
+                )
+            i = max(splittable, key=costs.__getitem__)  # first of equals: deterministic
+            half = len(batches[i]) // 2
+            batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
+            costs[i : i + 1] = [self._cost(batches[i]), self._cost(batches[i + 1])]
+        return batches
+
+
+class BatchIterator:
+    """Sampler + encoded dataset -> :class:`Batch` objects, reading rows per batch.
+
+    Only the batch's rows are read from the memory-mapped dataset, so a WMT-sized split never
+    sits in Python lists.
+
+    Args:
+        ds: Encoded split (columns ``src_ids``, ``tgt_ids``; see ``encode_split``).
+        special: Special ids for padding and shifting.
+        sampler: Yields the batches of dataset indices for this rank.
+    """
+
+    def __init__(
+        self, ds: datasets.Dataset, special: SpecialIds, sampler: TokenBatchSampler
+    ) -> None:
+        self.ds = ds.select_columns(["src_ids", "tgt_ids"]).with_format(None)
+        self.special = special
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[Batch]:
+        for indices in self.sampler:
+            rows = self.ds[indices]
+            yield collate(rows["src_ids"], rows["tgt_ids"], self.special, indices)
+
+    def __len__(self) -> int:
+        return len(self.sampler)

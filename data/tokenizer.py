@@ -1,0 +1,391 @@
+"""SentencePiece tokenizer: train on the training split, save into the run dir, encode/decode.
+
+One model is shared by source and target by default (``joint``), as in the Transformer paper's
+shared BPE vocabulary (Vaswani et al. 2017, sec. 5.1); separate models are an option. The
+special ids are set explicitly because SentencePiece's defaults (unk 0, bos 1, eos 2, no pad)
+differ from the ones the model code assumes (pad 0, unk 1, bos 2, eos 3).
+
+A run dir holds ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` (separate), plus
+the matching human-readable ``.vocab`` files. Checkpoints hold the same model bytes through
+:meth:`Tokenizer.state_dict`, so translation needs nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import datasets
+import sentencepiece as spm
+
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+JOINT_MODEL = "spm.model"
+SRC_MODEL = "spm.src.model"
+TGT_MODEL = "spm.tgt.model"
+MODEL_TYPES = ("unigram", "bpe")
+_STATE_FORMAT = "attnmt.sentencepiece"
+_STATE_VERSION = 1
+# Fixed seed for SentencePiece's sentence sampling: every data-parallel rank (and every rerun)
+# that trains on the same corpus gets the same model.
+_SPM_SEED = 1234
+# Rows read from Arrow at a time while streaming sentences to the trainer.
+_STREAM_BATCH = 10_000
+
+
+@dataclass
+class SpecialIds:
+    """Ids of the special tokens; the model, batching and search all read them from here."""
+
+    pad: int = 0
+    unk: int = 1
+    bos: int = 2
+    eos: int = 3
+
+
+@dataclass
+class TokenizerConfig:
+    """Hydra group ``tokenizer`` (one key per field).
+
+    Attributes:
+        vocab_size: Pieces per model (for each of the two models when ``joint`` is False).
+        model_type: ``unigram`` (Kudo 2018, SentencePiece's default) or ``bpe``.
+        joint: One model for source and target (shared vocabulary) instead of two.
+        character_coverage: Fraction of characters covered by the model; 1.0 suits alphabetic
+            scripts, 0.9995 is SentencePiece's advice for CJK.
+        input_sentence_size: At most this many sentences per side (source, target), sampled
+            from the training split, train a model; bounds memory on WMT-sized corpora.
+            0 means all; SentencePiece rejects 1 to 100.
+        pad_id: Id of ``<pad>``. unk_id: ``<unk>``. bos_id: ``<s>``. eos_id: ``</s>``.
+    """
+
+    vocab_size: int = 8000
+    model_type: str = "unigram"
+    joint: bool = True
+    character_coverage: float = 1.0
+    input_sentence_size: int = 2_000_000
+    pad_id: int = 0
+    unk_id: int = 1
+    bos_id: int = 2
+    eos_id: int = 3
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise DataError(
+                f"tokenizer.model_type={self.model_type!r} is not supported; "
+                f"use one of {', '.join(MODEL_TYPES)}"
+            )
+        if 0 < self.input_sentence_size <= 100:
+            raise DataError(
+                f"tokenizer.input_sentence_size={self.input_sentence_size} is too small for "
+                "SentencePiece; use 0 (all sentences) or more than 100"
+            )
+        ids = [self.pad_id, self.unk_id, self.bos_id, self.eos_id]
+        if len(set(ids)) != 4 or min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise DataError(
+                f"tokenizer special ids pad={self.pad_id} unk={self.unk_id} bos={self.bos_id} "
+                f"eos={self.eos_id} must be distinct and in [0, vocab_size={self.vocab_size}); "
+                "fix tokenizer.pad_id/unk_id/bos_id/eos_id"
+            )
+
+    @property
+    def special(self) -> SpecialIds:
+        """The special ids this config asks for."""
+        return SpecialIds(self.pad_id, self.unk_id, self.bos_id, self.eos_id)
+
+
+def _special_of(processor: spm.SentencePieceProcessor) -> SpecialIds:
+    return SpecialIds(
+        processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id()
+    )
+
+
+def _load_proto(model: bytes, name: str) -> spm.SentencePieceProcessor:
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.LoadFromSerializedProto(model)
+    except (RuntimeError, OSError) as e:
+        raise DataError(
+            f"{name} is not a valid SentencePiece model ({e}); delete it to retrain"
+        ) from e
+    if min(asdict(_special_of(processor)).values()) < 0:
+        # A model trained elsewhere without a pad piece cannot pad batches.
+        raise DataError(
+            f"{name} lacks one of pad/unk/bos/eos (ids {_special_of(processor)}); "
+            "retrain it with train_or_load_tokenizer"
+        )
+    return processor
+
+
+class Tokenizer:
+    """Source and target SentencePiece models (the same object when ``joint``).
+
+    Encoding adds no specials: batching appends ``eos`` to sources and builds the target's
+    ``[bos] + y`` / ``y + [eos]`` pair (see ``data/batching.py``).
+
+    Args:
+        src_model: Serialized SentencePiece model proto for the source side (or both sides).
+        tgt_model: Serialized target model; None means one joint model.
+    """
+
+    def __init__(self, src_model: bytes, tgt_model: bytes | None = None) -> None:
+        self.joint = tgt_model is None
+        self._src_bytes = bytes(src_model)
+        self._tgt_bytes = None if tgt_model is None else bytes(tgt_model)
+        self._src = _load_proto(self._src_bytes, "source SentencePiece model")
+        self._tgt = (
+            self._src
+            if self._tgt_bytes is None
+            else _load_proto(self._tgt_bytes, "target SentencePiece model")
+        )
+        self.special: SpecialIds = _special_of(self._src)
+        if _special_of(self._tgt) != self.special:
+            raise DataError(
+                f"source and target SentencePiece models disagree on special ids "
+                f"({self.special} vs {_special_of(self._tgt)}); retrain them together"
+            )
+        self.src_vocab_size: int = self._src.get_piece_size()
+        self.tgt_vocab_size: int = self._tgt.get_piece_size()
+
+    # --- text <-> ids -------------------------------------------------------------------------
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source texts -> ids, without bos/eos."""
+        return _encode(self._src, texts)
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Target texts -> ids, without bos/eos."""
+        return _encode(self._tgt, texts)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """Target ids -> detokenized text; stops at the first eos and drops pad/bos."""
+        return self._tgt.decode([self._strip_specials(seq) for seq in ids])
+
+    def decode_src(self, ids: list[list[int]]) -> list[str]:
+        """Source ids -> detokenized text (for logging sample inputs)."""
+        return self._src.decode([self._strip_specials(seq) for seq in ids])
+
+    def _strip_specials(self, seq: list[int]) -> list[int]:
+        out = []
+        for token in seq:
+            token = int(token)  # accepts numpy/torch integer scalars too
+            if token == self.special.eos:
+                break  # anything after eos is padding or search leftovers
+            if token not in (self.special.pad, self.special.bos):
+                out.append(token)
+        return out
+
+    def src_pieces(self, ids: list[int]) -> list[str]:
+        """Source ids -> pieces (attention-plot axis labels); specials shown as ``</s>`` etc."""
+        return [self._src.id_to_piece(int(i)) for i in ids]
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        """Target ids -> pieces (attention-plot axis labels)."""
+        return [self._tgt.id_to_piece(int(i)) for i in ids]
+
+    # --- persistence --------------------------------------------------------------------------
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the model bytes: names encoded-corpus caches (see ``data/dataset.py``)."""
+        digest = hashlib.sha256(self._src_bytes)
+        digest.update(self._tgt_bytes or b"joint")
+        return digest.hexdigest()[:16]
+
+    def state_dict(self) -> dict:
+        """Plain types only, so it survives ``torch.load(weights_only=True)``."""
+        state: dict = {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "joint": self.joint,
+            "src_model": self._src_bytes,
+        }
+        if self._tgt_bytes is not None:
+            state["tgt_model"] = self._tgt_bytes
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> Tokenizer:
+        """Rebuild from :meth:`state_dict` (e.g. a checkpoint's ``tokenizer`` entry)."""
+        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+            raise DataError(
+                f"tokenizer state has format {state.get('format')!r} version "
+                f"{state.get('version')!r}, expected {_STATE_FORMAT!r} version {_STATE_VERSION}; "
+                "the checkpoint comes from an incompatible version of attnmt"
+            )
+        tgt_model = None if state["joint"] else state["tgt_model"]
+        return cls(state["src_model"], tgt_model)
+
+    def save(self, out_dir: str | Path) -> None:
+        """Write ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model``, with vocabs."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if self._tgt_bytes is None:
+            _write_model(out_dir / JOINT_MODEL, self._src_bytes, self._src)
+        else:
+            _write_model(out_dir / SRC_MODEL, self._src_bytes, self._src)
+            _write_model(out_dir / TGT_MODEL, self._tgt_bytes, self._tgt)
+
+    # Pickle through the model bytes: ``datasets.map(num_proc>1)`` sends the tokenizer to
+    # worker processes.
+    def __getstate__(self) -> dict:
+        return self.state_dict()
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["src_model"], None if state["joint"] else state["tgt_model"])
+
+
+def _encode(processor: spm.SentencePieceProcessor, texts: list[str]) -> list[list[int]]:
+    if isinstance(texts, str):
+        # SentencePiece would silently return one flat list; callers expect one list per text.
+        raise TypeError("encode_src/encode_tgt take a list of strings, not a string")
+    return processor.encode(list(texts), out_type=int)
+
+
+def _write_model(path: Path, model: bytes, processor: spm.SentencePieceProcessor) -> None:
+    """Atomic write (temp file + rename) so a killed run never leaves half a model behind."""
+    _atomic_write(path, model)
+    vocab = "".join(
+        f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
+        for i in range(processor.get_piece_size())
+    )
+    _atomic_write(path.with_suffix(".vocab"), vocab.encode("utf-8"))
+
+
+def _atomic_write(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(payload)
+    os.replace(tmp, path)
+
+
+# --- training -------------------------------------------------------------------------------
+
+
+def train_or_load_tokenizer(
+    train: datasets.Dataset, cfg: TokenizerConfig, out_dir: str | Path
+) -> Tokenizer:
+    """Reuse the model file(s) in ``out_dir`` (resume), else train on ``train`` and save there.
+
+    With data parallelism call it on rank 0 first and let the other ranks load after a
+    barrier: concurrent calls are safe (atomic writes, seeded sampling) but train N times.
+
+    Args:
+        train: Training split with string columns ``src`` and ``tgt``.
+        cfg: Tokenizer settings; the special ids of a reused model must match them.
+        out_dir: The run dir.
+
+    Returns:
+        The tokenizer, whose model file(s) are now in ``out_dir``.
+
+    Raises:
+        DataError: A saved model disagrees with ``cfg`` (special ids, joint/separate), or
+            SentencePiece cannot train (e.g. ``vocab_size`` too large for the corpus).
+    """
+    out_dir = Path(out_dir)
+    tokenizer = _load_saved(out_dir, cfg)
+    if tokenizer is not None:
+        log.info("reusing SentencePiece model(s) in %s", out_dir)
+        return tokenizer
+    if cfg.joint:
+        log.info(
+            "training joint SentencePiece %s model (%d pieces)", cfg.model_type, cfg.vocab_size
+        )
+        tokenizer = Tokenizer(_train_model(train, ("src", "tgt"), cfg))
+    else:
+        log.info("training separate SentencePiece %s models", cfg.model_type)
+        tokenizer = Tokenizer(
+            _train_model(train, ("src",), cfg), _train_model(train, ("tgt",), cfg)
+        )
+    _check_special(tokenizer, cfg, "the trained model")
+    tokenizer.save(out_dir)
+    return tokenizer
+
+
+def _load_saved(out_dir: Path, cfg: TokenizerConfig) -> Tokenizer | None:
+    joint, src, tgt = out_dir / JOINT_MODEL, out_dir / SRC_MODEL, out_dir / TGT_MODEL
+    if cfg.joint and joint.exists():
+        tokenizer = Tokenizer(joint.read_bytes())
+        where = str(joint)
+    elif not cfg.joint and src.exists() and tgt.exists():
+        tokenizer = Tokenizer(src.read_bytes(), tgt.read_bytes())
+        where = f"{src} and {tgt}"
+    elif joint.exists() or src.exists() or tgt.exists():
+        found = ", ".join(p.name for p in (joint, src, tgt) if p.exists())
+        raise DataError(
+            f"{out_dir} holds {found}, which does not match tokenizer.joint={cfg.joint}; "
+            "set tokenizer.joint to match the saved model(s) or use a fresh run dir"
+        )
+    else:
+        return None
+    _check_special(tokenizer, cfg, where)
+    if tokenizer.src_vocab_size != cfg.vocab_size:
+        log.warning(
+            "%s has %d pieces but tokenizer.vocab_size=%d; keeping the saved model",
+            where,
+            tokenizer.src_vocab_size,
+            cfg.vocab_size,
+        )
+    return tokenizer
+
+
+def _check_special(tokenizer: Tokenizer, cfg: TokenizerConfig, where: str) -> None:
+    if tokenizer.special != cfg.special:
+        s = tokenizer.special
+        raise DataError(
+            f"{where} has special ids pad={s.pad} unk={s.unk} bos={s.bos} eos={s.eos} but the "
+            f"config asks for pad={cfg.pad_id} unk={cfg.unk_id} bos={cfg.bos_id} "
+            f"eos={cfg.eos_id}; set tokenizer.*_id to match or delete the model to retrain"
+        )
+
+
+def _iter_sentences(train: datasets.Dataset, columns: tuple[str, ...]) -> Iterator[str]:
+    """Stream sentences from the memory-mapped split, a batch of rows at a time."""
+    for batch in train.select_columns(list(columns)).iter(batch_size=_STREAM_BATCH):
+        for column in columns:
+            for text in batch[column]:
+                if text:  # None or "" teach SentencePiece nothing
+                    yield text
+
+
+def _train_model(train: datasets.Dataset, columns: tuple[str, ...], cfg: TokenizerConfig) -> bytes:
+    """Train one model on ``columns`` of ``train``; returns the serialized model proto.
+
+    SentencePiece reads from the iterator and keeps a uniform sample of
+    ``input_sentence_size`` sentences per column (reservoir sampling,
+    ``shuffle_input_sentence``), so memory is bounded by the sample, not the corpus.
+    """
+    model = io.BytesIO()
+    spm.set_random_generator_seed(_SPM_SEED)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_iter_sentences(train, columns),
+            model_writer=model,
+            model_type=cfg.model_type,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            input_sentence_size=cfg.input_sentence_size * len(columns),  # per side
+            shuffle_input_sentence=True,
+            pad_id=cfg.pad_id,
+            unk_id=cfg.unk_id,
+            bos_id=cfg.bos_id,
+            eos_id=cfg.eos_id,
+            pad_piece="<pad>",
+            unk_piece="<unk>",
+            bos_piece="<s>",
+            eos_piece="</s>",
+            minloglevel=2,  # errors only: the INFO log is hundreds of lines per model
+        )
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise DataError(
+            f"SentencePiece training failed: {reason}; lower tokenizer.vocab_size or use a "
+            "larger training corpus"
+        ) from e
+    return model.getvalue()
