@@ -58,14 +58,15 @@ def masked_softmax(
     Args:
         scores: (B, T, S) or (B, H, T, S).
         valid_lens: (B,) keys per row, or (B, T) keys per query.
-        mask: bool, broadcastable to `scores`, True = may attend.
+        mask: bool, broadcastable to `scores`, True = may attend (combined with `valid_lens`).
 
     A row with no valid key returns all zeros rather than NaN.
     """
     if valid_lens is not None:
-        mask = lengths_to_mask(valid_lens, scores.size(-1))  # (B, 1|T, S)
-        while mask.dim() < scores.dim():
-            mask = mask.unsqueeze(1)  # broadcast over heads: (B, 1, 1|T, S)
+        len_mask = lengths_to_mask(valid_lens, scores.size(-1))  # (B, 1|T, S)
+        while len_mask.dim() < scores.dim():
+            len_mask = len_mask.unsqueeze(1)  # broadcast over heads: (B, 1, 1|T, S)
+        mask = len_mask if mask is None else mask & len_mask
     if mask is None:
         return F.softmax(scores, dim=-1)
     weights = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
@@ -195,14 +196,16 @@ class MultiHeadAttention(nn.Module):
         k: Tensor,  # (B, H, S, Dh)
         v: Tensor,  # (B, H, S, Dh)
         mask: Tensor | None = None,  # bool, broadcastable to (B, H, T, S)
-        is_causal: bool = False,  # only when T == S: PyTorch's causal mask is top-left aligned
+        is_causal: bool = False,  # query i sees keys <= i (right-aligned when T < S)
         need_weights: bool = False,
     ) -> AttentionOutput:
         dropout_p = self.dropout if self.training else 0.0
+        if is_causal and (need_weights or mask is not None or q.size(2) != k.size(2)):
+            # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.
+            causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
+            mask = causal if mask is None else mask & causal
+            is_causal = False
         if need_weights:
-            if is_causal:
-                causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
-                mask = causal if mask is None else mask & causal
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
             weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
             context = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import KVCache, padding_mask
+from model.attention import KVCache, MultiHeadAttention, padding_mask
 from model.config import ModelConfig
 from model.layers import DecoderLayer, EncoderLayer
 from model.positional import SinusoidalPositionalEncoding
@@ -107,15 +107,15 @@ class Transformer(nn.Module):
 
     def _reset_parameters(self) -> None:
         # Xavier-uniform for projections (as fairseq / the reference tensor2tensor code), each of
-        # q, k, v initialised as its own matrix; N(0, D^-1/2) embeddings with a zero pad row.
+        # q, k, v initialised as its own (D, D) matrix; N(0, D^-1/2) embeddings, zero pad row.
+        fused_qkv = {m.in_proj.weight for m in self.modules() if isinstance(m, MultiHeadAttention)}
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                weight = module.weight
-                if weight.size(0) == 3 * weight.size(1):  # fused q|k|v projection
-                    for block in weight.data.chunk(3, dim=0):
+                if module.weight in fused_qkv:
+                    for block in module.weight.data.chunk(3, dim=0):
                         nn.init.xavier_uniform_(block)
                 else:
-                    nn.init.xavier_uniform_(weight)
+                    nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
@@ -167,15 +167,18 @@ class Transformer(nn.Module):
         Use it after translating: feed [bos] + hypothesis as `tgt_in`. Weights are exact (the
         explicit attention path); they equal what cached decoding computed step by step.
         """
-        src_mask = padding_mask(src_ids, self.cfg.pad_id)  # (B, S)
+        was_training = self.training
+        self.eval()  # dropout would change the maps
+        src_mask = padding_mask(src_ids, self.cfg.pad_id)[:, None, None, :]  # (B, 1, 1, S)
         x = self.positional(self.src_embed(src_ids) * self.embed_scale)
-        enc = self.encoder(x, src_mask[:, None, None, :], need_weights=True)
+        enc = self.encoder(x, src_mask, need_weights=True)
         y = self.positional(self.tgt_embed(tgt_in) * self.embed_scale)
-        dec = self.decoder(y, enc.hidden, src_mask[:, None, None, :], need_weights=True)
+        dec = self.decoder(y, enc.hidden, src_mask, need_weights=True)
+        self.train(was_training)
         return AttentionMaps(enc.self_attn, dec.self_attn, dec.cross_attn)
 
     def num_parameters(self) -> int:
-        """Distinct trainable parameters (tied weights counted once)."""
+        """Distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
 
 
