@@ -1,0 +1,434 @@
+"""Greedy and beam search on the model's KV cache: source ids in, target ids out.
+
+Legend: B batch (live sentences), K beam, N = B * K rows, S src len, V vocab, t steps so far.
+
+Both searches run many sentences at once, each with its own beams, and feed the decoder only
+the newest token per step (`offset` = tokens already decoded), so a step costs one token of
+work per row. Sentences that are done are pruned from the batch (their rows are dropped from
+the caches, the encoder memory and the mask), so they stop costing work; the search ends as
+soon as every sentence is done.
+
+Conventions (fairseq's `SequenceGenerator`, simplified):
+- A hypothesis's `log_prob` is the sum of its tokens' log-probabilities including EOS; its
+  `score` is `log_prob / length_penalty_divisor(len)`, with `len` the number of generated tokens
+  including EOS. `lp_type="fairseq"` (the default) uses `len ** alpha`; `"gnmt"` uses
+  `((5 + len) / 6) ** alpha` (Wu et al. 2016, eq. 14). `alpha = 0` is the raw log-probability.
+- Maximum output length per sentence: `int(max_len_a * src_len + max_len_b)` tokens before
+  EOS, `src_len` counting that sentence's real source tokens (no pad, no EOS). A hypothesis
+  that reaches it gets EOS forced as its next token (fairseq does the same), so every
+  hypothesis ends in EOS and its score includes log p(EOS).
+- Beam search takes the top `2 * K` candidates per sentence, so the beam stays full when up to
+  half are EOS. EOS candidates ranked within the top K are finished; the top K non-EOS
+  candidates go on. A sentence is done once it has K finished hypotheses (fairseq's rule: no
+  check whether a live hypothesis could still beat them) or reaches its maximum length.
+- Pad and BOS are never generated.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from model.attention import KVCache, padding_mask
+
+logger = logging.getLogger(__name__)
+
+LengthPenaltyType = Literal["fairseq", "gnmt"]
+
+
+class SpecialTokens(Protocol):
+    """The special ids search needs (`data.tokenizer.SpecialIds` satisfies it)."""
+
+    pad: int
+    bos: int
+    eos: int
+
+
+class Seq2SeqModel(Protocol):
+    """What search needs from a model (`model.Transformer` satisfies it)."""
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
+
+    def decode(
+        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
+    ) -> Tensor: ...
+
+    def new_caches(self) -> list: ...
+
+
+@dataclass
+class SearchConfig:
+    """Decoding options; `conf/decoding/*.yaml` and the `translate.py` flags hold the values.
+
+    Defaults follow fairseq's usual WMT settings (`--beam 5 --lenpen 1 --max-len-a 1.2
+    --max-len-b 10`).
+    """
+
+    beam_size: int = 5  # 1 = greedy search
+    length_penalty: float = 1.0  # alpha; 0 ranks by raw log-probability
+    lp_type: LengthPenaltyType = "fairseq"  # "fairseq": len**alpha, "gnmt": ((5+len)/6)**alpha
+    max_len_a: float = 1.2  # max output tokens = int(a * src_len + b), per sentence
+    max_len_b: int = 10
+    nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
+    batch_size: int = 64  # sentences per search batch (Translator)
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.nbest <= self.beam_size:
+            raise ValueError(f"nbest must be in 1..beam_size={self.beam_size}, got {self.nbest}")
+        if self.lp_type not in ("fairseq", "gnmt"):
+            raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {self.lp_type!r}")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise ValueError("max_len_a and max_len_b must be >= 0")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+class Hypothesis(NamedTuple):
+    """One finished translation of one sentence."""
+
+    tokens: list[int]  # target ids, without bos/eos
+    score: float  # log_prob / length penalty: what the n-best list is sorted by
+    log_prob: float  # sum of token log-probabilities, EOS included
+
+
+@dataclass
+class SearchResult:
+    """Per input sentence (in input order), its n-best hypotheses, best first."""
+
+    hypotheses: list[list[Hypothesis]]
+
+    def best_tokens(self) -> list[list[int]]:
+        """The best hypothesis's tokens for each sentence."""
+        return [nbest[0].tokens for nbest in self.hypotheses]
+
+
+def length_penalty_divisor(
+    length: int, alpha: float, lp_type: LengthPenaltyType = "fairseq"
+) -> float:
+    """Divisor of a hypothesis's log-probability; `length` counts tokens including EOS."""
+    if lp_type == "fairseq":
+        return length**alpha  # fairseq: score / len ** lenpen
+    if lp_type == "gnmt":
+        return ((5 + length) / 6) ** alpha  # GNMT length penalty: ((5 + len) / 6) ** alpha
+    raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {lp_type!r}")
+
+
+def max_lengths(
+    src_ids: Tensor, special: SpecialTokens, max_len_a: float, max_len_b: int
+) -> Tensor:
+    """Per-sentence output budget `int(a * src_len + b)` (tokens before EOS).
+
+    Shape: src_ids (B, S) -> (B,) long.
+    """
+    src_len = (src_ids.ne(special.pad) & src_ids.ne(special.eos)).sum(dim=1)  # (B,)
+    return (src_len.double() * max_len_a + max_len_b).floor().long()  # (B,)
+
+
+# ---------------------------------------------------------------------------- shared steps
+
+
+class _Batch(NamedTuple):
+    """The decoder inputs of the live rows: one row per hypothesis."""
+
+    memory: Tensor  # (N, S, D)
+    src_mask: Tensor  # (N, S) bool, True = real token
+    max_len: Tensor  # (N,) output budget of each row's sentence
+    caches: list
+
+
+def _start(
+    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, max_len_a: float, max_len_b: int
+) -> _Batch:
+    """Encode once; one row per sentence."""
+    src_mask = padding_mask(src_ids, special.pad)  # (B, S)
+    memory = model.encode(src_ids, src_mask)  # (B, S, D)
+    max_len = max_lengths(src_ids, special, max_len_a, max_len_b)  # (B,)
+    return _Batch(memory, src_mask, max_len, model.new_caches())
+
+
+def _next_tokens(
+    model: Seq2SeqModel, batch: _Batch, last: Tensor, step: int, special: SpecialTokens, n: int
+) -> tuple[Tensor, Tensor]:
+    """The `n` most probable next tokens of each row and their log-probabilities.
+
+    `last` (N,) is the token at position `step`. Pad and BOS are never proposed; a row that
+    already holds its budget of tokens gets EOS as its only finite candidate. Taking the top
+    `n` of the logits before normalising saves writing a full (N, V) log-softmax.
+
+    Shape: last (N,) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
+    """
+    logits = model.decode(last.unsqueeze(1), batch.memory, batch.src_mask, batch.caches, step)
+    logits = logits[:, -1].float()  # (N, V); float32 as in `model.log_probs`
+    log_z = logits.logsumexp(dim=-1, keepdim=True)  # (N, 1) softmax normaliser
+    eos_lprob = logits[:, special.eos : special.eos + 1] - log_z  # (N, 1)
+    logits[:, special.pad] = float("-inf")
+    logits[:, special.bos] = float("-inf")
+    n = min(n, logits.size(-1))
+    top_logits, tokens = logits.topk(n, dim=-1)  # (N, n)
+    lprobs = top_logits - log_z  # (N, n)
+    # Rows at their budget may only end (fairseq forces EOS at max_len): EOS first, then -inf.
+    at_limit = batch.max_len.le(step).unsqueeze(1)  # (N, 1)
+    first = torch.arange(n, device=last.device).eq(0)  # (n,)
+    forced = eos_lprob.masked_fill(~first, float("-inf"))  # (N, n)
+    lprobs = torch.where(at_limit, forced, lprobs)
+    tokens = tokens.masked_fill(at_limit, special.eos)
+    return lprobs, tokens
+
+
+def _select_rows(batch: _Batch, rows: Tensor) -> _Batch:
+    """Keep rows `rows` (N',) of everything, cross-attention caches included."""
+    for cache in batch.caches:
+        cache.reorder(rows)
+    return _Batch(
+        batch.memory.index_select(0, rows),
+        batch.src_mask.index_select(0, rows),
+        batch.max_len.index_select(0, rows),
+        batch.caches,
+    )
+
+
+def _reorder_beams(caches: list, rows: Tensor) -> None:
+    """Re-rank beams inside their sentences: row i takes the history of row `rows[i]`.
+
+    Only self-attention K/V move: the cross-attention K/V (and memory, mask) are the same for
+    all beams of a sentence, so copying them would be wasted work.
+    """
+    for cache in caches:
+        if type(cache) is KVCache:
+            if cache.self_k is not None:
+                cache.self_k = cache.self_k.index_select(0, rows)  # (N, H, t, Dh)
+                cache.self_v = cache.self_v.index_select(0, rows)
+        else:  # another cache type (e.g. a test double): let it move everything
+            cache.reorder(rows)
+
+
+# ---------------------------------------------------------------------------- greedy search
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    length_penalty: float = 1.0,
+    lp_type: LengthPenaltyType = "fairseq",
+) -> SearchResult:
+    """Pick the most probable token at every step (equals `beam_search` with beam 1).
+
+    Args:
+        model: an encoder-decoder with `encode`, `decode(..., caches, offset)`, `new_caches`.
+        src_ids: source ids, each row ending in EOS, right-padded with pad.
+        special: pad/bos/eos ids.
+        max_len_a, max_len_b: output budget `int(a * src_len + b)` per sentence.
+        length_penalty, lp_type: alpha and formula of the reported `score` (greedy choices ignore
+            them).
+
+    Shape:
+        src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
+    """
+    length_penalty_divisor(1, length_penalty, lp_type)  # fail fast on an unknown lp_type
+    batch = _start(model, src_ids, special, max_len_a, max_len_b)
+    B, device = src_ids.size(0), src_ids.device
+    sent_ids = torch.arange(B)  # (N,) on the CPU: input index of each live row
+    tokens = torch.full((B, 1), special.bos, dtype=torch.long, device=device)  # (N, t + 1)
+    sums = torch.zeros(B, 1, device=device)  # (N, 1) log-probability so far
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
+    step = 0
+    while sent_ids.numel() > 0:
+        lprob, token = _next_tokens(model, batch, tokens[:, -1], step, special, n=1)  # (N, 1)
+        sums = sums + lprob
+        tokens = torch.cat([tokens, token], dim=1)  # (N, t + 2)
+        step += 1
+        done = token.squeeze(1).eq(special.eos).cpu()  # (N,) EOS is forced at max_len
+        if not done.any():
+            continue
+        penalty = length_penalty_divisor(step, length_penalty, lp_type)
+        finished_rows = done.nonzero().squeeze(1).to(device)  # (F,)
+        prefixes = tokens.index_select(0, finished_rows)[:, 1:-1].tolist()  # no bos, no eos
+        totals = sums.index_select(0, finished_rows).squeeze(1).tolist()
+        for sent, prefix, total in zip(sent_ids[done].tolist(), prefixes, totals, strict=True):
+            results[sent].append(Hypothesis(prefix, total / penalty, total))
+        keep_cpu = (~done).nonzero().squeeze(1)  # (N',)
+        sent_ids = sent_ids[keep_cpu]
+        if keep_cpu.numel() > 0:  # prune: finished sentences stop costing work
+            keep = keep_cpu.to(device)
+            batch = _select_rows(batch, keep)
+            tokens, sums = tokens.index_select(0, keep), sums.index_select(0, keep)
+    logger.debug("greedy search: %d sentences, %d steps", B, step)
+    return SearchResult(results)
+
+
+# ------------------------------------------------------------------------------ beam search
+
+
+@dataclass
+class _Beams:
+    """Bookkeeping of the live sentences' beams (k = current beam width: 1 at the start)."""
+
+    sent_ids: Tensor  # (B,) on the CPU: input index of each live sentence
+    scores: Tensor  # (B, k) log-probability of each live hypothesis
+    tokens: Tensor  # (B * k, t + 1) bos + generated tokens
+    n_finished: Tensor  # (B,) finished hypotheses per sentence
+    max_len: Tensor  # (B,) output budget per sentence
+
+
+class _Candidates(NamedTuple):
+    """The best `C = 2K` (beam, token) extensions of each sentence, best first."""
+
+    scores: Tensor  # (B, C) log-probability after the extension
+    beams: Tensor  # (B, C) which of the k beams it extends
+    tokens: Tensor  # (B, C) the new token
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    beam_size: int = 5,
+    length_penalty: float = 1.0,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    nbest: int = 1,
+    lp_type: LengthPenaltyType = "fairseq",
+) -> SearchResult:
+    """Batched beam search with fairseq's 2K-candidate EOS handling (see the module docstring).
+
+    Args:
+        model: an encoder-decoder with `encode`, `decode(..., caches, offset)`, `new_caches`.
+        src_ids: source ids, each row ending in EOS, right-padded with pad.
+        special: pad/bos/eos ids.
+        beam_size: K hypotheses kept per sentence.
+        length_penalty: alpha of the length penalty (0 = raw log-probability).
+        max_len_a, max_len_b: output budget `int(a * src_len + b)` per sentence.
+        nbest: hypotheses returned per sentence, best (highest `score`) first; <= beam_size.
+        lp_type: "fairseq" (`len ** alpha`, default) or "gnmt" (`((5 + len) / 6) ** alpha`).
+
+    Shape:
+        src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest must be in 1..beam_size={beam_size}, got {nbest}")
+    length_penalty_divisor(1, length_penalty, lp_type)  # fail fast on an unknown lp_type
+    batch = _start(model, src_ids, special, max_len_a, max_len_b)
+    B, device = src_ids.size(0), src_ids.device
+    beams = _Beams(
+        sent_ids=torch.arange(B),
+        scores=torch.zeros(B, 1, device=device),  # one beam per sentence before the first step
+        tokens=torch.full((B, 1), special.bos, dtype=torch.long, device=device),
+        n_finished=torch.zeros(B, dtype=torch.long, device=device),
+        max_len=batch.max_len,
+    )
+    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    step = 0
+    while beams.sent_ids.numel() > 0:
+        lprobs, tokens = _next_tokens(
+            model, batch, beams.tokens[:, -1], step, special, 2 * beam_size
+        )
+        cands = _top_candidates(lprobs, tokens, beams.scores, beam_size)
+        step += 1
+        accept = _accept_eos(cands, beams.n_finished, beam_size, special.eos)  # (B, K)
+        beams.n_finished += accept.sum(dim=1)
+        done = beams.n_finished.ge(beam_size) | beams.max_len.lt(step)  # (B,)
+        flags = torch.cat([accept, done.unsqueeze(1)], dim=1).cpu()  # (B, K + 1): one sync
+        if flags[:, :-1].any():
+            penalty = length_penalty_divisor(step, length_penalty, lp_type)
+            _finalize(finished, beams, cands, flags[:, :-1], penalty)
+        batch, beams = _advance(batch, beams, cands, flags[:, -1], beam_size, special.eos)
+    logger.debug("beam search: %d sentences, beam %d, %d steps", B, beam_size, step)
+    return SearchResult([_nbest(hyps, nbest) for hyps in finished])
+
+
+def _top_candidates(lprobs: Tensor, tokens: Tensor, scores: Tensor, beam_size: int) -> _Candidates:
+    """The best 2K extensions per sentence over all its beams.
+
+    The global top 2K of `score + log p(token)` over k beams x V tokens are among each beam's
+    own top 2K tokens, so `lprobs`/`tokens` only hold those.
+
+    Shape: lprobs, tokens (B * k, n); scores (B, k) -> each field (B, C), C = min(2K, k * n).
+    """
+    B, k = scores.shape
+    n = lprobs.size(-1)
+    total = (scores.unsqueeze(-1) + lprobs.view(B, k, n)).view(B, k * n)  # (B, k * n)
+    # fairseq: 2K candidates "in case half are EOS", so K non-EOS ones always remain
+    top_scores, flat = total.topk(min(2 * beam_size, k * n), dim=1)  # (B, C)
+    return _Candidates(top_scores, flat // n, tokens.view(B, k * n).gather(1, flat))
+
+
+def _accept_eos(cands: _Candidates, n_finished: Tensor, beam_size: int, eos: int) -> Tensor:
+    """(B, K) bool: the EOS candidates ranked in the top K that finish a hypothesis.
+
+    A sentence keeps at most K finished hypotheses (the best ones of the step that fills it).
+    """
+    top_tokens = cands.tokens[:, :beam_size]  # (B, K)
+    top_scores = cands.scores[:, :beam_size]  # (B, K)
+    is_eos = top_tokens.eq(eos) & top_scores.isfinite()  # (B, K)
+    rank = is_eos.cumsum(dim=1) + n_finished.unsqueeze(1)  # (B, K) 1-based finished count
+    return is_eos & rank.le(beam_size)
+
+
+def _finalize(
+    finished: list[list[Hypothesis]],
+    beams: _Beams,
+    cands: _Candidates,
+    accept: Tensor,  # (B, K) bool, on the CPU
+    penalty: float,
+) -> None:
+    """Store the accepted hypotheses (their tokens before EOS) with their scores."""
+    sent_cpu, pos_cpu = accept.nonzero(as_tuple=True)  # (F,), (F,)
+    sent, pos = sent_cpu.to(beams.scores.device), pos_cpu.to(beams.scores.device)
+    rows = sent * beams.scores.size(1) + cands.beams[sent, pos]  # (F,) rows that end here
+    prefixes = beams.tokens.index_select(0, rows)[:, 1:].tolist()  # drop bos
+    totals = cands.scores[sent, pos].tolist()
+    for s, prefix, total in zip(beams.sent_ids[sent_cpu].tolist(), prefixes, totals, strict=True):
+        finished[s].append(Hypothesis(prefix, total / penalty, total))
+
+
+def _advance(
+    batch: _Batch, beams: _Beams, cands: _Candidates, done: Tensor, beam_size: int, eos: int
+) -> tuple[_Batch, _Beams]:
+    """Prune done sentences, keep the best K non-EOS candidates of the others, move caches.
+
+    Shape: done (B,) bool on the CPU. The new beams have B' = live sentences x K rows.
+    """
+    B, k = beams.scores.shape
+    keep_cpu = (~done).nonzero().squeeze(1)  # (B',)
+    if keep_cpu.numel() == 0:
+        empty = beams.n_finished[:0]
+        return batch, _Beams(keep_cpu, beams.scores[:0], beams.tokens[:0], empty, empty)
+    pruned = keep_cpu.numel() < B
+    device = beams.scores.device
+    keep = keep_cpu.to(device) if pruned else torch.arange(B, device=device)  # (B',)
+    if pruned:
+        cands = _Candidates(*(field.index_select(0, keep) for field in cands))
+    n_cands = cands.tokens.size(1)
+    # the first K non-EOS candidates in rank order (fairseq's `active_mask` trick)
+    order = cands.tokens.eq(eos).long() * n_cands + torch.arange(n_cands, device=device)
+    picked = order.topk(min(beam_size, n_cands), dim=1, largest=False).indices  # (B', K)
+    tokens = cands.tokens.gather(1, picked)  # (B', K)
+    scores = cands.scores.gather(1, picked).masked_fill(tokens.eq(eos), float("-inf"))
+    rows = (keep.unsqueeze(1) * k + cands.beams.gather(1, picked)).view(-1)  # (B' * K,) old rows
+    if pruned or picked.size(1) != k:  # fewer sentences or a wider beam: move everything
+        batch = _select_rows(batch, rows)
+    elif k > 1:  # beams re-ranked inside their sentences (with one beam, rows never move)
+        _reorder_beams(batch.caches, rows)
+    new_tokens = torch.cat([beams.tokens.index_select(0, rows), tokens.view(-1, 1)], dim=1)
+    n_finished, max_len = beams.n_finished, beams.max_len
+    if pruned:
+        n_finished, max_len = n_finished.index_select(0, keep), max_len.index_select(0, keep)
+    return batch, _Beams(beams.sent_ids[keep_cpu], scores, new_tokens, n_finished, max_len)
+
+
+def _nbest(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
+    """Best `nbest` by score; a sentence always gets at least one (possibly empty) hypothesis."""
+    if not hyps:  # only with a vocabulary too small to fill the beam
+        return [Hypothesis([], float("-inf"), float("-inf"))]
+    return sorted(hyps, key=lambda hyp: hyp.score, reverse=True)[:nbest]

@@ -1,0 +1,168 @@
+"""Translator: text in, text out (encode -> batch -> search -> decode).
+
+Legend: B batch, S src len, T tgt len, L decoder layers, H heads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from data.batching import encode_source_batch
+from data.tokenizer import Tokenizer
+from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
+from model.transformer import Transformer
+
+logger = logging.getLogger(__name__)
+
+
+class TextHypothesis(NamedTuple):
+    """One translation with its search score (log-probability / length penalty)."""
+
+    text: str
+    score: float
+    tokens: list[int]  # target ids without bos/eos
+
+
+class SentenceAttention(NamedTuple):
+    """Cross-attention of one translated sentence, for heatmaps."""
+
+    src_pieces: list[str]  # S source pieces, ending in "</s>"
+    tgt_pieces: list[str]  # T generated pieces, ending in "</s>"
+    cross_attn: Tensor  # (L, H, T, S) float32 on the CPU; row t is the step that produced piece t
+
+
+class Translator:
+    """Translates lists of sentences with greedy or beam search (`search_cfg.beam_size`).
+
+    Sentences are sorted by length and searched in batches of `search_cfg.batch_size`, so
+    that padding stays small; results come back in input order. Empty (or whitespace-only)
+    sentences give empty translations without reaching the model. The model is put in eval
+    mode while translating and restored afterwards, so a trainer can call this mid-training.
+
+    Args:
+        model: the Transformer, already on `device`.
+        tokenizer: the tokenizer the model was trained with.
+        search_cfg: decoding options; the defaults of `SearchConfig` when None.
+        device: where the inputs go; the model's device when None.
+
+    Example:
+        >>> translator = Translator(model, tokenizer, SearchConfig(beam_size=5))
+        >>> translator.translate(["Ein Mann fährt Fahrrad."])
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        search_cfg: SearchConfig | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.search_cfg = search_cfg or SearchConfig()
+        self.device = torch.device(device) if device is not None else _device_of(model)
+
+    def translate(self, sentences: list[str]) -> list[str]:
+        """The best translation of each sentence, in input order."""
+        return [nbest[0].text for nbest in self.translate_nbest(sentences)]
+
+    def translate_nbest(self, sentences: list[str]) -> list[list[TextHypothesis]]:
+        """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
+
+        An empty sentence gets one empty hypothesis with score 0.
+        """
+        if isinstance(sentences, str):
+            raise TypeError("translate takes a list of sentences, not a string")
+        src_ids = self.tokenizer.encode_src([s.strip() for s in sentences])
+        hypotheses = self.search_ids(src_ids)
+        tokens = [hyp.tokens for nbest in hypotheses for hyp in nbest]
+        texts = iter(self.tokenizer.decode_tgt(tokens) if tokens else [])
+        return [
+            [TextHypothesis(next(texts), hyp.score, hyp.tokens) for hyp in nbest]
+            for nbest in hypotheses
+        ]
+
+    def search_ids(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Search source id lists (no specials) in length-sorted batches; input order out."""
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+        order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
+        size = self.search_cfg.batch_size
+        with self._eval_mode():
+            for start in range(0, len(order), size):
+                chunk = order[start : start + size]
+                batch = [src_ids[i] for i in chunk]
+                for i, nbest in zip(chunk, self._search(batch), strict=True):
+                    results[i] = nbest
+        return results
+
+    def attention_for(self, sentence: str) -> SentenceAttention:
+        """Translate one sentence and return its cross-attention weights of every layer.
+
+        The weights come from a teacher-forced pass over [bos] + the best hypothesis, which
+        equals what the search computed step by step.
+
+        Raises:
+            ValueError: the sentence is empty.
+        """
+        ids = self.tokenizer.encode_src([sentence.strip()])[0]
+        if not ids:
+            raise ValueError("cannot show attention for an empty sentence")
+        special = self.tokenizer.special
+        hyp = self.search_ids([ids])[0][0]
+        src = encode_source_batch([ids], special).to(self.device)  # (1, S)
+        tgt_in = torch.tensor([[special.bos] + hyp.tokens], device=self.device)  # (1, T)
+        with self._eval_mode():
+            maps = self.model.attention_maps(src, tgt_in)
+        cross = torch.stack([layer[0] for layer in maps.cross]).float().cpu()  # (L, H, T, S)
+        return SentenceAttention(
+            self.tokenizer.src_pieces(ids + [special.eos]),
+            self.tokenizer.tgt_pieces(hyp.tokens + [special.eos]),
+            cross,
+        )
+
+    def _search(self, batch: list[list[int]]) -> list[list[Hypothesis]]:
+        cfg = self.search_cfg
+        src = encode_source_batch(batch, self.tokenizer.special).to(self.device)  # (B, S)
+        if cfg.beam_size == 1:
+            result = greedy_search(
+                self.model,
+                src,
+                self.tokenizer.special,
+                max_len_a=cfg.max_len_a,
+                max_len_b=cfg.max_len_b,
+                length_penalty=cfg.length_penalty,
+                lp_type=cfg.lp_type,
+            )
+        else:
+            result = beam_search(
+                self.model,
+                src,
+                self.tokenizer.special,
+                beam_size=cfg.beam_size,
+                length_penalty=cfg.length_penalty,
+                max_len_a=cfg.max_len_a,
+                max_len_b=cfg.max_len_b,
+                nbest=cfg.nbest,
+                lp_type=cfg.lp_type,
+            )
+        return result.hypotheses
+
+    @contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """Eval mode (no dropout) for the duration; the caller's mode is restored after."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

@@ -1,0 +1,277 @@
+"""translate.py end to end on a tiny random model + tiny SentencePiece model, and Translator.
+
+Subprocesses cost ~2-3 s each (imports), so each one checks several things; error cases that
+stop before the model is loaded, or that need no fresh process, call `translate.main` directly.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from helpers_decoding import PAIRS, single_thread, tiny_tokenizer, tiny_transformer
+
+import translate
+from data.tokenizer import Tokenizer
+from decoding import SearchConfig, Translator
+from decoding.plot import heatmap_image, heatmap_tensor
+from training.checkpoint import model_payload, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # tiny ops: 1 thread
+
+INPUTS = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Park.", "Die Sonne scheint."]
+LONG = " ".join(src for src, _ in PAIRS for _ in range(3)).split()[:500]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    with single_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return tiny_tokenizer(tmp_path_factory.mktemp("spm"))
+
+
+@pytest.fixture(scope="session")
+def model(tokenizer: Tokenizer) -> torch.nn.Module:
+    return tiny_transformer(vocab_size=tokenizer.src_vocab_size, seed=2)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, model, tokenizer) -> Path:  # noqa: ANN001
+    path = tmp_path_factory.mktemp("run") / "checkpoints" / "best.pt"
+    save_checkpoint(path, model_payload(model, tokenizer))
+    return path
+
+
+def run_cli(*args: str, stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return subprocess.run(
+        [sys.executable, str(ROOT / "translate.py"), *args],
+        input=data,
+        capture_output=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def call_main(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
+    status = translate.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def assert_one_line_error(err: str, *words: str) -> None:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("translate.py: error: "), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+# ---------------------------------------------------------------- end to end (subprocesses)
+
+
+def test_args_file_and_stdin_agree(checkpoint: Path, tmp_path: Path) -> None:
+    """Args (batch 2) == --input file (batch 64, --ref, --output) == stdin."""
+    from_args = run_cli(
+        "-c",
+        str(checkpoint.parents[1]),
+        "--beam",
+        "3",
+        "--batch-size",
+        "2",
+        "--plot-attention",
+        str(tmp_path / "attn.png"),
+        *INPUTS,
+    )
+    assert from_args.returncode == 0, from_args.stderr.decode()
+    lines = from_args.stdout.decode().split("\n")[:-1]
+    assert len(lines) == len(INPUTS) and lines[1] == ""
+    assert all(lines[i] for i in (0, 2, 3))
+    assert (tmp_path / "attn.png").read_bytes().startswith(b"\x89PNG")
+
+    (tmp_path / "in.de").write_text("\n".join(INPUTS) + "\n", encoding="utf-8")
+    (tmp_path / "ref.en").write_text(
+        "A man rides a bike.\n\nTwo dogs.\nThe sun.\n", encoding="utf-8"
+    )
+    from_file = run_cli(
+        "-c",
+        str(checkpoint),
+        "--beam",
+        "3",
+        "--input",
+        str(tmp_path / "in.de"),
+        "--ref",
+        str(tmp_path / "ref.en"),
+        "--output",
+        str(tmp_path / "hyp.en"),
+    )
+    assert from_file.returncode == 0, from_file.stderr.decode()
+    assert from_file.stdout == b""
+    assert (tmp_path / "hyp.en").read_bytes() == from_args.stdout
+    err = from_file.stderr.decode()
+    assert "BLEU = " in err and "chrF = " in err and "nrefs:1" in err and "tok:13a" in err
+
+    from_stdin = run_cli("-c", str(checkpoint), "--beam", "3", stdin="\n".join(INPUTS))
+    assert from_stdin.returncode == 0, from_stdin.stderr.decode()
+    assert from_stdin.stdout == from_args.stdout
+
+
+def test_very_long_line_gives_a_line(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, checkpoint: Path
+) -> None:
+    """500 words (~1900 pieces: past the 1024 precomputed positions) between short lines."""
+    text = "Ein Hund.\n" + " ".join(LONG) + "\n\nDie Sonne scheint.\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode("utf-8"))))
+    args = ("-c", str(checkpoint), "--beam", "2", "--max-len-a", "0.02", "--max-len-b", "5")
+    status, out, err = call_main(capsys, *args)
+    assert status == 0, err
+    lines = out.split("\n")
+    assert len(lines) == 5 and lines[1] and lines[2] == "" and lines[4] == ""
+
+
+def test_ref_line_count_mismatch_is_one_line(checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "ref.en").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    result = run_cli("-c", str(checkpoint), "--ref", str(tmp_path / "ref.en"), "a", "b")
+    assert result.returncode != 0
+    assert_one_line_error(result.stderr.decode(), "3 lines", "has 2")
+
+
+class RunsCode:
+    """Unpickling this would run a shell command (creating a file)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_that_would_run_code_is_refused(checkpoint: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["model_config"] = RunsCode(marker)
+    evil = tmp_path / "evil.pt"
+    torch.save(payload, evil)
+    result = run_cli("-c", str(evil), "Ein Mann.")
+    assert result.returncode != 0
+    assert_one_line_error(result.stderr.decode(), "refusing", str(evil))
+    assert not marker.exists()
+
+
+# ----------------------------------------------------------------- errors (in process)
+
+
+class Custom:
+    """Any non-allow-listed class makes a checkpoint unloadable with weights_only=True."""
+
+
+def test_checkpoint_errors(capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path) -> None:
+    status, _, err = call_main(capsys, "-c", str(tmp_path / "nope.pt"), "Hallo")
+    assert status != 0
+    assert_one_line_error(err, "not found", "nope.pt")
+
+    custom = tmp_path / "custom.pt"
+    torch.save({**torch.load(checkpoint, weights_only=True), "extra": Custom()}, custom)
+    status, _, err = call_main(capsys, "-c", str(custom), "Hallo")
+    assert status != 0
+    assert_one_line_error(err, "refusing")
+
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    status, _, err = call_main(capsys, "-c", str(tmp_path / "garbage.pt"), "Hallo")
+    assert status != 0
+    assert_one_line_error(err, "garbage.pt")
+
+
+def test_input_and_output_errors(
+    capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path
+) -> None:
+    ckpt = str(checkpoint)
+    status, _, err = call_main(capsys, "-c", ckpt, "--input", str(tmp_path / "missing.de"))
+    assert status != 0
+    assert_one_line_error(err, "not found", "missing.de")
+
+    bad = tmp_path / "latin1.de"
+    bad.write_bytes("Guten Tag\nGrüße\n".encode("latin-1"))
+    status, _, err = call_main(capsys, "-c", ckpt, "--input", str(bad))
+    assert status != 0
+    assert_one_line_error(err, "latin1.de", "UTF-8", "line 2")
+
+    status, _, err = call_main(capsys, "-c", ckpt, "--output", str(tmp_path / "no" / "hyp.en"), "a")
+    assert status != 0
+    assert_one_line_error(err, "does not exist", str(tmp_path / "no"))
+
+    status, _, err = call_main(capsys, "-c", ckpt, "--beam", "2", "--nbest", "3", "a")
+    assert status != 0
+    assert_one_line_error(err, "--nbest 3", "--beam")
+
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["-c", ckpt, "--beam", "0", "a"])
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, "--beam")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_gpu(capsys: pytest.CaptureFixture, checkpoint: Path) -> None:
+    status, _, err = call_main(capsys, "-c", str(checkpoint), "--device", "cuda", "a")
+    assert status != 0
+    assert_one_line_error(err, "--device cuda", "--device cpu")
+
+
+def test_nbest_output_format(capsys: pytest.CaptureFixture, checkpoint: Path) -> None:
+    status, out, err = call_main(
+        capsys, "-c", str(checkpoint), "--beam", "3", "--nbest", "2", "Ein Hund.", ""
+    )
+    assert status == 0, err
+    lines = out.splitlines()
+    assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1"]
+    first, second = (float(line.split(" ||| ")[2]) for line in lines[:2])
+    assert first >= second
+
+
+# ------------------------------------------------------------------------------ Translator
+
+
+def test_translator_order_empty_lines_and_training_mode(model, tokenizer) -> None:  # noqa: ANN001
+    sentences = ["Die Sonne scheint.", "", "Ein Mann spielt Gitarre im Park.", "  ", "Es regnet."]
+    big = Translator(model, tokenizer, SearchConfig(beam_size=2, batch_size=64)).translate(
+        sentences
+    )
+    one_by_one = [
+        Translator(model, tokenizer, SearchConfig(beam_size=2)).translate([s])[0] for s in sentences
+    ]
+    assert big == one_by_one
+    assert big[1] == "" and big[3] == ""
+    model.train()
+    small = Translator(model, tokenizer, SearchConfig(beam_size=2, batch_size=1)).translate(
+        sentences
+    )
+    assert model.training, "the caller's mode is restored"
+    model.eval()
+    assert small == big
+
+
+def test_attention_for_and_heatmap_image(model, tokenizer) -> None:  # noqa: ANN001
+    translator = Translator(model, tokenizer, SearchConfig(beam_size=1))
+    attn = translator.attention_for("Zwei Hunde spielen.")
+    n_layers, n_heads = model.cfg.n_decoder_layers, model.cfg.n_heads
+    assert attn.cross_attn.shape == (n_layers, n_heads, len(attn.tgt_pieces), len(attn.src_pieces))
+    torch.testing.assert_close(attn.cross_attn.sum(-1), torch.ones(attn.cross_attn.shape[:-1]))
+    assert attn.src_pieces[-1] == "</s>" and attn.tgt_pieces[-1] == "</s>"
+    image = heatmap_image(attn.src_pieces, attn.tgt_pieces, attn.cross_attn, title="t")
+    assert image.dtype.name == "uint8" and image.ndim == 3 and image.shape[2] == 3
+    grid = heatmap_tensor(attn.src_pieces, attn.tgt_pieces, attn.cross_attn, layer=0, heads=True)
+    assert grid.shape[0] == 3 and 0.0 <= grid.min() and grid.max() <= 1.0
+    with pytest.raises(ValueError, match="empty"):
+        translator.attention_for("   ")
