@@ -1,0 +1,67 @@
+"""Every config composes and converts to the typed dataclasses; typos fail fast."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from tests.train_helpers import CONF
+from training.config import ConfigError, Configs
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes(experiment):
+    configs = Configs.from_hydra(_compose(f"experiment={experiment}"))
+    assert configs.model.d_model % configs.model.n_heads == 0
+    assert configs.data.src_lang != configs.data.tgt_lang
+
+
+def test_required_experiments_and_models_exist():
+    assert {"multi30k_en_de", "multi30k_de_en", "iwslt14_de_en", "wmt14_en_de"} <= set(EXPERIMENTS)
+    assert {"tiny", "small", "base", "big"} <= set(MODELS)
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("base", (512, 8, 2048, 6, 6, 0.1)), ("big", (1024, 16, 4096, 6, 6, 0.3)),
+     ("small", (512, 4, 1024, 6, 6, 0.3))],
+)
+def test_model_presets_match_the_paper(name, expected):
+    m = Configs.from_hydra(_compose(f"model={name}")).model  # the command line beats experiments
+    got = (m.d_model, m.n_heads, m.d_ff, m.n_encoder_layers, m.n_decoder_layers, m.dropout)
+    assert got == expected
+
+
+def test_spec_keys_exist():
+    cfg = _compose()
+    for key in ("data.dir", "data.src_lang", "data.tgt_lang", "trainer.max_steps", "trainer.device",
+                "trainer.seed", "trainer.precision", "trainer.max_tokens", "trainer.eval_every"):
+        group, name = key.split(".")
+        assert name in cfg[group], key
+
+
+def test_unknown_key_in_yaml_fails_with_its_name():
+    cfg = _compose()
+    with open_dict(cfg):
+        cfg.trainer.max_stepz = 3
+    with pytest.raises(ConfigError, match="trainer.max_stepz"):
+        Configs.from_hydra(cfg)
+
+
+def test_unknown_override_fails_at_compose():
+    with pytest.raises(Exception, match="max_stepz"):
+        _compose("trainer.max_stepz=3")
+
+
+def test_bad_choice_fails():
+    with pytest.raises(ConfigError, match="trainer.precision"):
+        Configs.from_hydra(_compose("trainer.precision=fp8"))

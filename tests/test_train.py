@@ -1,0 +1,208 @@
+"""Training behaviour on the toy corpus: learning, accumulation, resume, kills, DDP, logging."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.batching import collate
+from tests.train_helpers import ROOT, TOY, toy_cfg
+from training import distributed
+from training.checkpoint import load_checkpoint
+from training.config import Configs
+from training.loop import Trainer, fit
+
+
+def _trainer(tmp_path: Path, *overrides: str, run: str = "run") -> Trainer:
+    configs = Configs.from_hydra(toy_cfg(tmp_path, *overrides))
+    return Trainer(configs, tmp_path / run, distributed.setup("cpu"))
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# Equivalence tests compare parameters after one plain SGD step with lr 1 and no clipping, so
+# the update IS the gradient. (Adam would turn the mathematically zero gradient of the key
+# bias, ~1e-10 of float noise, into a full +-lr step and make any comparison meaningless.)
+SGD_STEP = ("model.dropout=0.0", "optim.lr=1.0", "optim.warmup_steps=1", "optim.clip_norm=0")
+
+
+def _use_sgd(trainer: Trainer) -> Trainer:
+    trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
+    return trainer
+
+
+def test_memorises_toy_set_to_high_bleu(tmp_path):
+    """Loss falls and the 12 valid pairs (seen in training) are reproduced almost exactly."""
+    best = fit(toy_cfg(tmp_path, "trainer.max_steps=120", "trainer.eval_every=120",
+                       "model.d_model=64", "model.d_ff=128", "model.n_heads=4", "model.dropout=0.0",
+                       "optim.lr=5e-3", "optim.warmup_steps=30", "optim.label_smoothing=0.0",
+                       "trainer.max_tokens=1024", "tokenizer.vocab_size=120"), tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert best > 80.0, results
+    assert results["valid"]["loss"] < 0.5
+    assert {"bleu", "chrf", "loss"} <= set(results["valid"])
+    assert set(results["test"]["test"]) >= {"bleu", "chrf", "signature"}
+    assert results["steps"] == 120 and results["train_seconds"] > 0
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    trainer = _use_sgd(_trainer(tmp_path, *SGD_STEP))
+    start = _params(trainer.model)
+    rows = trainer.train_data[list(range(8))]
+    special = trainer.tokenizer.special
+    halves = [collate(rows["src_ids"][:3], rows["tgt_ids"][:3], special),
+              collate(rows["src_ids"][3:], rows["tgt_ids"][3:], special)]
+    trainer._train_update(halves)
+    accumulated = _params(trainer.model)
+
+    trainer.model.load_state_dict(start)
+    trainer._train_update([collate(rows["src_ids"], rows["tgt_ids"], special)])
+    for name, value in _params(trainer.model).items():
+        torch.testing.assert_close(accumulated[name], value, atol=2e-6, rtol=1e-5, msg=name)
+    assert any(not torch.equal(start[k], accumulated[k]) for k in start)  # it did update
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    common = ("model.dropout=0.1", "trainer.eval_every=6", "logger=none")
+    fit(toy_cfg(tmp_path, *common, "trainer.max_steps=12"), tmp_path / "straight")
+    fit(toy_cfg(tmp_path, *common, "trainer.max_steps=6"), tmp_path / "resumed")
+    assert load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["train_state"]["step"] == 6
+    fit(toy_cfg(tmp_path, *common, "trainer.max_steps=12"), tmp_path / "resumed")
+    straight = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    assert resumed["train_state"]["step"] == straight["train_state"]["step"] == 12
+    for name, value in straight["model"].items():
+        torch.testing.assert_close(resumed["model"][name], value, atol=0, rtol=0, msg=name)
+    assert resumed["train_state"]["epoch"] == straight["train_state"]["epoch"]
+
+
+def _train_cmd(run_dir: Path, *overrides: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), "debug=fast", f"data.dir={TOY}",
+            "data.src_lang=de", "data.tgt_lang=en", "data.test_splits=[test]",
+            f"data.cache_dir={run_dir.parent / 'cache'}", "logger=none",
+            f"hydra.run.dir={run_dir}", *overrides]
+
+
+def test_killed_run_resumes_from_last_complete_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = _train_cmd(run_dir, "trainer.max_steps=100000", "trainer.eval_every=3",
+                     "trainer.keep_last=2")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = run_dir / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if last.exists() and load_checkpoint(last)["train_state"]["step"] >= 9:
+            break
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # mid-run, possibly mid-write
+    proc.wait()
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        load_checkpoint(path)  # every visible checkpoint is complete
+    killed_at = load_checkpoint(last)["train_state"]["step"]
+    assert killed_at >= 9
+    done = subprocess.run(_train_cmd(run_dir, f"trainer.max_steps={killed_at + 3}",
+                                     "trainer.eval_every=3"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resumed from {last} at step {killed_at}" in (run_dir / "train.log").read_text()
+    assert load_checkpoint(last)["train_state"]["step"] == killed_at + 3
+
+
+def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    tmp_path = Path(tmp)
+    configs = Configs.from_hydra(toy_cfg(tmp_path, *SGD_STEP))
+    ctx = distributed.setup("cpu")
+    try:
+        trainer = _use_sgd(Trainer(configs, tmp_path / "ddp", ctx))
+        trainer.sampler.set_epoch(0)
+        indices = next(iter(trainer.sampler))
+        rows = trainer.train_data[indices]
+        trainer._train_update([collate(rows["src_ids"], rows["tgt_ids"],
+                                       trainer.tokenizer.special, indices)])
+        torch.save({"indices": indices, "params": _params(trainer.model)},
+                   tmp_path / f"rank{rank}.pt")
+    finally:
+        distributed.teardown(ctx)
+
+
+def test_ddp_two_processes_equal_one_process_on_combined_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    port = 29500 + os.getpid() % 1000
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path), port), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for name in r0["params"]:  # DDP keeps replicas identical
+        torch.testing.assert_close(r0["params"][name], r1["params"][name], atol=0, rtol=0)
+    assert not set(r0["indices"]) & set(r1["indices"])  # each rank had its own shard
+
+    single = _use_sgd(_trainer(tmp_path, *SGD_STEP, run="ddp"))  # same spm.model, same init
+    start = _params(single.model)
+    indices = r0["indices"] + r1["indices"]
+    rows = single.train_data[indices]
+    single._train_update([collate(rows["src_ids"], rows["tgt_ids"], single.tokenizer.special)])
+    for name, value in _params(single.model).items():
+        torch.testing.assert_close(r0["params"][name], value, atol=2e-6, rtol=1e-5, msg=name)
+    assert any(not torch.equal(start[k], r0["params"][k]) for k in start)  # it did update
+
+
+def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(_train_cmd(run_dir, "logger=tensorboard", "trainer.max_steps=10",
+                                     "trainer.eval_every=5", "trainer.log_every=5"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()
+    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec",
+                "valid/loss", "valid/bleu", "valid/chrf"):
+        assert tag in tags["scalars"], tag
+    assert "valid/cross_attention" in tags["images"]
+    assert any("valid/samples" in t for t in tags["tensors"])  # text is stored as tensors
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "spm.model", "train.log",
+                 ".hydra/config.yaml", "results.json"):
+        assert (run_dir / name).exists(), name
+    assert "best valid BLEU" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [(["trainer.device=cuda"], "no CUDA GPU"),
+     (["data.dir=/nonexistent/corpus"], "/nonexistent/corpus"),
+     (["data.valid_split=nosuchsplit"], "nosuchsplit")],
+)
+def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message):
+    if "cuda" in overrides[0] and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run(_train_cmd(tmp_path / "run", *overrides), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-1000:]
+
+
+@pytest.mark.slow
+def test_multirun_sweep(tmp_path):
+    base = _train_cmd(tmp_path / "unused")
+    base.remove(f"hydra.run.dir={tmp_path / 'unused'}")
+    cmd = [base[0], base[1], "-m", *base[2:], "optim.lr=1e-3,2e-3", "trainer.max_steps=4",
+           "trainer.eval_every=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "sweep" / "0" / "results.json").exists()
+    assert (tmp_path / "sweep" / "1" / "results.json").exists()

@@ -1,0 +1,134 @@
+"""Checkpoints: one self-contained file with weights, model config and tokenizer.
+
+Saved with `torch.save` and loaded with `torch.load(weights_only=True)`: only tensors and plain
+containers, so loading a checkpoint can never run code. Writes are atomic (temp file +
+`os.replace`), so a run killed at any moment leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from data.errors import DataError
+from data.tokenizer import Tokenizer
+from model import ModelConfig, Transformer
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used; the message is one line: problem and fix."""
+
+
+class InferenceBundle(NamedTuple):
+    model: Transformer
+    tokenizer: Tokenizer
+    checkpoint: dict[str, Any]
+
+
+def model_payload(model: Transformer, tokenizer: Tokenizer) -> dict[str, Any]:
+    """What every checkpoint holds: enough to translate with nothing else."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": asdict(model.cfg),
+        "model": model.state_dict(),
+        "tokenizer": tokenizer.state_dict(),
+    }
+
+
+def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
+    """Write `payload` to `path` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; checkpoints are ordinary files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file, or a run dir (-> checkpoints/best.pt, else checkpoints/last.pt)."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (path / "checkpoints" / name).is_file():
+                return path / "checkpoints" / name
+        raise CheckpointError(
+            f"no checkpoint in run dir {path}: expected {path}/checkpoints/best.pt or last.pt; "
+            "pass a run dir that has finished at least one validation, or a .pt file"
+        )
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}; pass a run dir or a .pt file with -c")
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely (`weights_only=True`) and check its format version."""
+    path = resolve_checkpoint(path)
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"refusing to load {path}: it contains Python objects that could run code ({first}); "
+            "only checkpoints written by this toolkit can be loaded"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise CheckpointError(
+            f"cannot read checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "the file is truncated or not a checkpoint: use another one (e.g. checkpoints/last.pt)"
+        ) from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise CheckpointError(f"{path} is not a checkpoint of this toolkit (no model/model_config)")
+    version = ckpt.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} has checkpoint format version {version}, this code reads version "
+            f"{FORMAT_VERSION}; use the toolkit version that wrote it"
+        )
+    return ckpt
+
+
+def build_model(ckpt: dict[str, Any]) -> Transformer:
+    """Rebuild the model from a checkpoint's config and weights (eval mode)."""
+    try:
+        model = Transformer(ModelConfig(**ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(
+            f"checkpoint does not match this model code ({str(e).splitlines()[0]}); "
+            "use the toolkit version that wrote it"
+        ) from None
+    return model.eval()
+
+
+def load_for_inference(path: str | Path, device: str | torch.device = "cpu") -> InferenceBundle:
+    """Checkpoint file or run dir -> (model on `device`, tokenizer, raw checkpoint)."""
+    ckpt = load_checkpoint(path)
+    model = build_model(ckpt).to(device)
+    try:
+        tokenizer = Tokenizer.from_state_dict(ckpt["tokenizer"])
+    except (DataError, KeyError, TypeError) as e:
+        raise CheckpointError(f"the tokenizer stored in {path} is unusable ({e}); "
+                              "use a checkpoint written by train.py") from None
+    return InferenceBundle(model, tokenizer, ckpt)

@@ -1,0 +1,127 @@
+"""Typed configs for training. YAML holds the values, these dataclasses hold the types.
+
+`Configs.from_hydra(cfg)` converts the composed Hydra config once, at the top of `fit()`;
+below that line the code takes dataclasses, never DictConfig. Unknown keys fail here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from omegaconf import DictConfig, OmegaConf
+
+from data.dataset import DataConfig
+from data.tokenizer import TokenizerConfig
+from decoding.search import SearchConfig
+from model import ModelConfig
+
+
+class ConfigError(Exception):
+    """A config value that cannot work; one line: the key, the problem, the fix."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"
+    lr: float = 5e-4
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: str = "inverse_sqrt"
+    warmup_steps: int = 4000
+    noam_factor: float = 1.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    device: str = "auto"
+    precision: str = "fp32"
+    seed: int = 1
+    max_tokens: int = 4096
+    update_freq: int = 1
+    max_steps: int = 100_000
+    max_epochs: int = 0
+    eval_every: int = 1000
+    log_every: int = 50
+    keep_last: int = 5
+    patience: int = 0
+    max_nonfinite: int = 10
+    compile: bool = False
+    valid_max_sentences: int = 0
+    num_threads: int = 0
+
+
+@dataclass
+class LoggerConfig:
+    enabled: bool = True
+    n_samples: int = 3
+
+
+@dataclass
+class Configs:
+    model: ModelConfig
+    data: DataConfig
+    tokenizer: TokenizerConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    decoding: SearchConfig
+    logger: LoggerConfig
+    raw: dict = field(default_factory=dict)  # the resolved config, stored in checkpoints
+
+    @classmethod
+    def from_hydra(cls, cfg: DictConfig) -> Configs:
+        raw = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(raw, dict)
+        parts = {
+            "model": ModelConfig,
+            "data": DataConfig,
+            "tokenizer": TokenizerConfig,
+            "optim": OptimConfig,
+            "trainer": TrainerConfig,
+            "decoding": SearchConfig,
+            "logger": LoggerConfig,
+        }
+        built = {name: _build(name, kind, raw.get(name) or {}) for name, kind in parts.items()}
+        configs = cls(**built, raw=raw)
+        configs.validate()
+        return configs
+
+    def validate(self) -> None:
+        t, o = self.trainer, self.optim
+        _choice("trainer.precision", t.precision, ("fp32", "bf16", "fp16"))
+        _choice("optim.name", o.name, ("adam", "adamw"))
+        _choice("optim.schedule", o.schedule, ("inverse_sqrt", "noam"))
+        for key, value in (("trainer.max_tokens", t.max_tokens), ("trainer.update_freq", t.update_freq),
+                           ("trainer.eval_every", t.eval_every), ("trainer.log_every", t.log_every)):
+            if value < 1:
+                raise ConfigError(f"{key}={value} must be a positive integer")
+        if t.max_steps <= 0 and t.max_epochs <= 0:
+            raise ConfigError("trainer.max_steps and trainer.max_epochs are both 0: set one of them")
+        if self.model.share_embeddings and not self.tokenizer.joint:
+            raise ConfigError(
+                "model.share_embeddings=true needs a joint vocabulary but tokenizer.joint=false; "
+                "set model.share_embeddings=false or tokenizer.joint=true"
+            )
+
+
+def _build(group: str, kind: type, values: dict):
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown key(s) {', '.join(f'{group}.{k}' for k in unknown)}; "
+            f"valid keys: {', '.join(sorted(known))}"
+        )
+    if kind is OptimConfig and "betas" in values:
+        values = {**values, "betas": tuple(values["betas"])}
+    try:
+        return kind(**values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{group}: {e}") from None
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value} is not one of {'|'.join(allowed)}")
