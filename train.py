@@ -11,8 +11,10 @@ Everything a run writes goes under its Hydra run dir; re-running in the same dir
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -33,7 +35,11 @@ def main(cfg: DictConfig) -> float:
         log.error("%s", e)  # keeps the reason in train.log too
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"best valid BLEU {best:.2f}; results in {run_dir}/results.json")
+    results = json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
+    print(f"best valid BLEU {best:.2f} (step {results['best_step']} of {results['steps']})")
+    for split, score in results["test"].items():
+        print(f"test {split}: BLEU {score['bleu']:.2f}  chrF {score['chrf']:.2f}  {score['signature']}")
+    print(f"results in {run_dir}/results.json")
     return best
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
 from data.batching import Batch, TokenBatchSampler, collate, token_lengths
 from data.dataset import DataError, encode_split, filter_train_pairs, load_split
@@ -176,23 +178,27 @@ class Trainer:
         start, last_log = time.perf_counter(), time.perf_counter()
         window = {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "all_tokens": 0.0, "updates": 0}
         updates = self._updates()
+        progress = tqdm(total=t.max_steps or None, initial=s.step, unit="upd", dynamic_ncols=True,
+                        disable=not (self.ctx.is_main and sys.stderr.isatty()))
         while not self._should_stop():
             batches = next(updates, None)
             if batches is None:
                 break
             stats = self._train_update(batches)
             s.step += 1
+            progress.update(1)
             for key in window:
                 window[key] += stats[key] if key != "updates" else 1
             if s.step % t.log_every == 0:
                 now = time.perf_counter()
-                self._log_train(window, stats["grad_norm"], now - last_log)
+                progress.set_postfix(self._log_train(window, stats["grad_norm"], now - last_log))
                 window = dict.fromkeys(window, 0.0)
                 last_log = now
             if s.step % t.eval_every == 0:
                 s.train_seconds += time.perf_counter() - start
                 start = time.perf_counter()
                 self._validate_and_save()
+        progress.close()
         s.train_seconds += time.perf_counter() - start
         if self._validated_step != s.step:
             self._validate_and_save()  # the final state is always validated and saved
@@ -295,7 +301,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def _log_train(self, window: dict[str, float], grad_norm: float, seconds: float) -> None:
+    def _log_train(self, window: dict[str, float], grad_norm: float, seconds: float) -> dict:
         s = self.state
         loss = window["loss"] / max(window["tokens"], 1)
         nll = window["nll"] / max(window["tokens"], 1)
@@ -305,6 +311,7 @@ class Trainer:
                  s.step, s.epoch + 1, loss, math.exp(min(nll, 50)), lr, grad_norm, tok_s)
         self.logger.scalars("train", {"loss": loss, "ppl": math.exp(min(nll, 50)), "lr": lr,
                                       "grad_norm": grad_norm, "tokens_per_sec": tok_s}, s.step)
+        return {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"}
 
     # ---------------------------------------------------------------------- validation
 
