@@ -21,16 +21,6 @@ def expected(pos: int, dim: int, d_model: int = D) -> float:
     return math.sin(angle) if dim % 2 == 0 else math.cos(angle)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
-    # threads waiting for each other made some steps 100x slower.
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n_threads)
-
-
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -206,3 +206,37 @@ def test_multirun_sweep(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "sweep" / "0" / "results.json").exists()
     assert (tmp_path / "sweep" / "1" / "results.json").exists()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_on_cpu(tmp_path, precision):
+    fit(toy_cfg(tmp_path, f"trainer.precision={precision}", "trainer.max_steps=6",
+                "trainer.eval_every=6"), tmp_path / "run")
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert ckpt["train_state"]["step"] == 6
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def test_nonfinite_updates_are_skipped_then_stop_clearly(tmp_path):
+    from training.loop import TrainingError
+
+    trainer = _trainer(tmp_path, "trainer.max_nonfinite=2")
+    rows = trainer.train_data[list(range(4))]
+    batch = collate(rows["src_ids"], rows["tgt_ids"], trainer.tokenizer.special)
+    with torch.no_grad():
+        trainer.model.encoder.layers[0].feed_forward.linear1.weight[0, 0] = float("nan")
+    before = _params(trainer.model)
+    trainer._train_update([batch])  # skipped, not applied
+    assert trainer.state.nonfinite_streak == 1 and trainer.state.nonfinite_total == 1
+    for name, value in _params(trainer.model).items():
+        torch.testing.assert_close(value, before[name], equal_nan=True, atol=0, rtol=0)
+    with pytest.raises(TrainingError, match="NaN/inf for 2 updates in a row"):
+        trainer._train_update([batch])
+
+
+def test_early_stopping_on_bleu_patience(tmp_path):
+    # lr 0: BLEU can never improve after the first validation, so patience 1 stops at the second.
+    fit(toy_cfg(tmp_path, "optim.lr=0.0", "trainer.patience=1", "trainer.eval_every=2",
+                "trainer.max_steps=50"), tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["steps"] == 4 and results["best_step"] == 2
