@@ -258,7 +258,7 @@ def plot_first(translator: Translator, sentences: list[str], path: str) -> None:
         print(f"{PROG}: warning: every input line is empty; no attention plot", file=sys.stderr)
         return
     attn = translator.attention_for(first)
-    title = f"cross-attention, last layer, mean over heads: {first[:60]}"
+    title = "cross-attention (last layer, mean over heads)"
     plot_attention(attn.src_pieces, attn.tgt_pieces, attn.cross_attn, path, title=title)
 
 
