@@ -1,0 +1,864 @@
+#!/usr/bin/env python
+"""Benchmark against peers: training and decoding speed of our Transformer beside Hugging Face
+`transformers` (`MarianMTModel`) and `torch.nn.Transformer`, in one process, at identical sizes.
+
+What is timed (each model gets the same random batch, the same precision, the same loss):
+
+* training: one step = forward + label-smoothed (0.1) cross-entropy ignoring pad + backward +
+  Adam step; tokens/s counts source + target non-pad tokens; peak memory of a step above the
+  resting state (weights, gradients, Adam state): CUDA `max_memory_allocated`, CPU the peak RSS
+  (/proc VmHWM, reset through /proc/self/clear_refs, measured after all timings with glibc's
+  mmap threshold pinned low so that freed tensors leave the RSS), else 'n/a'.
+  Peers: `MarianMTModel` built from a `MarianConfig` of the same sizes (shared + tied
+  embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
+  `torch.nn.Transformer` inside the same embeddings/positions/tied output
+  (`scripts/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian also
+  our sinusoid table), so the three run the same numbers; Marian then computes exactly our
+  function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
+* decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
+  random lengths, so EOS is forbidden for the first L steps and forced at step L+1 for both:
+  ours through a wrapper that masks the EOS logit while `offset < L` (`max_len_a=0`,
+  `max_len_b=L`: the search forces EOS at the budget), `MarianMTModel.generate` through
+  `min_new_tokens=L, max_new_tokens=L+1, forced_eos_token_id` (`use_cache=True`,
+  `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
+  Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
+  sentence.
+* GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
+  achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul. Model
+  FLOPs per step = 6 x (weight-matrix parameters x the tokens they see: encoder and cross-K/V
+  on source tokens, decoder and output layer on target tokens) + 6 x attention score/value
+  matmuls (2 x q_len x k_len x d_model per layer and sentence), all on non-pad tokens.
+
+Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
+so that machine noise hits every model alike; medians are reported and the ratio ours/peer is printed last
+for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as the trainer
+does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are uniform in
+[max_len/2, max_len] on each side.
+
+CPU defaults (a few minutes on 2 cores): preset tiny, 2048-token batches (the default Multi30k
+run's), 64 sentences decoded to 24 tokens, fp32 eager. GPU defaults: preset base, 4096- and
+16384-token batches, fp32 / bf16 / bf16 + torch.compile.
+
+Usage:
+    python scripts/benchmark.py                                  # CPU defaults
+    python scripts/benchmark.py --preset small --batch-tokens 4096 --json bench.json
+    python scripts/benchmark.py --device cuda --preset base --variants fp32,bf16,bf16+compile
+    python scripts/benchmark.py --profile                        # + torch.profiler tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_model import PeerModel, load_preset  # noqa: E402
+
+from data.batching import Batch, collate  # noqa: E402
+from data.tokenizer import SpecialIds  # noqa: E402
+from decoding.search import SearchResult, beam_search, greedy_search  # noqa: E402
+from model import ModelConfig, Transformer, sinusoid_table  # noqa: E402
+from training.loss import label_smoothed_cross_entropy  # noqa: E402
+
+SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
+LABEL_SMOOTHING = 0.1
+OURS, MARIAN, TORCH = "ours", "transformers", "nn.Transformer"
+VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
+GOALS = {"train": 1.2, "beam5": 2.0}  # ours / transformers on the same device (the issue's)
+
+
+# ------------------------------------------------------------------------------- models
+
+
+def model_config(preset: str, vocab: int, preset_dropouts: bool) -> tuple[ModelConfig, str]:
+    """Our config for a preset. By default every model gets the preset's P_drop on sublayer
+    outputs, attention weights and after the FFN ReLU: `nn.Transformer` has one dropout for
+    all three, so this is the only setting where the three do the same work."""
+    fields, source = load_preset(preset)
+    if not preset_dropouts:
+        fields["attn_dropout"] = fields["act_dropout"] = fields.get("dropout", 0.1)
+    cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=SPECIAL.pad, **fields)
+    if cfg.norm_first or not (cfg.share_embeddings and cfg.tie_output):
+        raise SystemExit(
+            "benchmark.py: the peers are post-norm with shared, tied embeddings; "
+            "use a preset with norm_first=false, share_embeddings/tie_output=true"
+        )
+    return cfg, source
+
+
+def transformers_version() -> str | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.__version__
+
+
+def build_marian(cfg: ModelConfig, max_positions: int) -> nn.Module:
+    """`MarianMTModel` with our sizes, random weights (no download)."""
+    from transformers import MarianConfig, MarianMTModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    config = MarianConfig(
+        vocab_size=cfg.tgt_vocab_size,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attn_dropout,
+        activation_dropout=cfg.act_dropout,
+        activation_function="relu",
+        scale_embedding=True,  # x sqrt(d_model), as ours
+        max_position_embeddings=max_positions,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=SPECIAL.pad,
+        bos_token_id=SPECIAL.bos,
+        eos_token_id=SPECIAL.eos,
+        decoder_start_token_id=SPECIAL.bos,
+        forced_eos_token_id=SPECIAL.eos,
+        use_cache=True,
+    )
+    config._attn_implementation = "sdpa"  # the default where available; ours uses SDPA too
+    return MarianMTModel(config)
+
+
+@torch.no_grad()
+def copy_to_marian(ours: Transformer, marian: nn.Module) -> None:
+    """Give Marian our weights and our sinusoid table: it then computes our exact function."""
+    D = ours.cfg.d_model
+    m = marian.model
+    m.shared.weight.copy_(ours.src_embed.weight)  # shared by encoder, decoder and lm_head
+    for positions in (m.encoder.embed_positions, m.decoder.embed_positions):
+        positions.weight.copy_(sinusoid_table(positions.weight.size(0), D))
+    marian.final_logits_bias.zero_()
+
+    def attention(dst: nn.Module, src: nn.Module) -> None:
+        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            getattr(dst, name).weight.copy_(src.in_proj.weight[i * D : (i + 1) * D])
+            getattr(dst, name).bias.copy_(src.in_proj.bias[i * D : (i + 1) * D])
+        dst.out_proj.load_state_dict(src.out_proj.state_dict())
+
+    def feed_forward_and_norms(dst: nn.Module, src: nn.Module, norm_names: list[str]) -> None:
+        dst.fc1.load_state_dict(src.feed_forward.linear1.state_dict())
+        dst.fc2.load_state_dict(src.feed_forward.linear2.state_dict())
+        for name, norm in zip(norm_names, src.norms, strict=True):
+            getattr(dst, name).load_state_dict(norm.state_dict())
+
+    for dst, src in zip(m.encoder.layers, ours.encoder.layers, strict=True):
+        attention(dst.self_attn, src.self_attn)
+        feed_forward_and_norms(dst, src, ["self_attn_layer_norm", "final_layer_norm"])
+    for dst, src in zip(m.decoder.layers, ours.decoder.layers, strict=True):
+        attention(dst.self_attn, src.self_attn)
+        attention(dst.encoder_attn, src.cross_attn)
+        norms = ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]
+        feed_forward_and_norms(dst, src, norms)
+
+
+@torch.no_grad()
+def copy_to_torch_peer(ours: Transformer, peer: PeerModel) -> None:
+    """Our weights into `nn.Transformer` (same fused q|k|v layout); its final norms stay."""
+    peer.embed.weight.copy_(ours.src_embed.weight)
+
+    def layer(dst: nn.Module, src: nn.Module, attns: list[tuple[str, str]]) -> None:
+        for dst_name, src_name in attns:
+            mha, ours_attn = getattr(dst, dst_name), getattr(src, src_name)
+            mha.in_proj_weight.copy_(ours_attn.in_proj.weight)
+            mha.in_proj_bias.copy_(ours_attn.in_proj.bias)
+            mha.out_proj.load_state_dict(ours_attn.out_proj.state_dict())
+        dst.linear1.load_state_dict(src.feed_forward.linear1.state_dict())
+        dst.linear2.load_state_dict(src.feed_forward.linear2.state_dict())
+        for i, norm in enumerate(src.norms):
+            getattr(dst, f"norm{i + 1}").load_state_dict(norm.state_dict())
+
+    t = peer.transformer
+    for dst, src in zip(t.encoder.layers, ours.encoder.layers, strict=True):
+        layer(dst, src, [("self_attn", "self_attn")])
+    for dst, src in zip(t.decoder.layers, ours.decoder.layers, strict=True):
+        layer(dst, src, [("self_attn", "self_attn"), ("multihead_attn", "cross_attn")])
+
+
+def build_models(
+    cfg: ModelConfig, peers: list[str], device: torch.device, max_positions: int, seed: int
+) -> dict[str, nn.Module]:
+    """Ours and the peers, with the same initial weights, on `device`."""
+    torch.manual_seed(seed)
+    ours = Transformer(cfg)
+    models: dict[str, nn.Module] = {OURS: ours}
+    if MARIAN in peers:
+        marian = build_marian(cfg, max_positions)
+        copy_to_marian(ours, marian)
+        models[MARIAN] = marian
+    if TORCH in peers:
+        peer = PeerModel(cfg)
+        copy_to_torch_peer(ours, peer)
+        models[TORCH] = peer
+    return {name: model.to(device) for name, model in models.items()}
+
+
+def forward_fn(name: str, model: nn.Module) -> Callable[[Batch], Tensor]:
+    """Teacher-forced logits (B, T, V) of a batch, whatever the model's calling convention."""
+    if name == MARIAN:
+        return lambda b: model(
+            input_ids=b.src_ids, attention_mask=b.src_mask, decoder_input_ids=b.tgt_in,
+            use_cache=False,
+        ).logits  # fmt: skip
+    return lambda b: model(b.src_ids, b.tgt_in)
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Distinct trainable parameters (Marian's frozen position table is not one)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+# --------------------------------------------------------------------------------- data
+
+
+def random_batch(
+    n_sentences: int, max_len: int, vocab: int, gen: torch.Generator
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Random (source, target) id lists, lengths uniform in [max_len / 2, max_len]."""
+
+    def lines() -> list[list[int]]:
+        lengths = torch.randint(max(1, max_len // 2), max_len + 1, (n_sentences,), generator=gen)
+        return [torch.randint(4, vocab, (int(n),), generator=gen).tolist() for n in lengths]
+
+    return lines(), lines()
+
+
+def train_batch(batch_tokens: int, max_len: int, vocab: int, seed: int) -> Batch:
+    """A padded batch with `B * max(S, T) <= batch_tokens` (S, T count eos / bos)."""
+    n_sentences = max(1, batch_tokens // (max_len + 1))
+    src, tgt = random_batch(n_sentences, max_len, vocab, torch.Generator().manual_seed(seed))
+    return collate(src, tgt, SPECIAL)
+
+
+def train_flops(cfg: ModelConfig, batch: Batch) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 x forward), non-pad tokens."""
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
+    Le, Ld = cfg.n_encoder_layers, cfg.n_decoder_layers
+    S = batch.src_ids.ne(SPECIAL.pad).sum(1).double()  # (B,) real source tokens per sentence
+    T = batch.tgt_out.ne(SPECIAL.pad).sum(1).double()  # (B,) real target tokens per sentence
+    s, t = S.sum().item(), T.sum().item()
+    weight_macs = (
+        Le * s * (4 * D * D + 2 * D * F)  # encoder: q, k, v, out + FFN on source tokens
+        + Ld * t * (4 * D * D + 2 * D * D + 2 * D * F)  # decoder self + cross q/out + FFN
+        + Ld * s * 2 * D * D  # cross-attention k, v of the encoder output
+        + t * D * V  # output projection
+    )
+    attention_macs = (
+        2
+        * D
+        * (  # q k^T and weights @ v
+            Le * (S * S).sum().item() + Ld * (T * T).sum().item() + Ld * (T * S).sum().item()
+        )
+    )
+    return 6.0 * (weight_macs + attention_macs)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def interleaved(
+    runs: dict[str, Callable[[], Any]], repeats: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Seconds per call of each run, repeats interleaved (ABC CAB BCA ...) so that drifts in
+    machine speed hit every run; rotating the order also spreads cache/allocator effects."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            sync(device)
+            start = time.perf_counter()
+            runs[name]()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float]) -> dict[str, Any]:
+    return {"times_s": times, "median_s": statistics.median(times), "min_s": min(times)}
+
+
+def print_ratios(results: dict[str, dict], key: str, unit: str) -> dict[str, float]:
+    """Print ours/peer for each peer (last lines of a measurement) and return them."""
+    ratios = {}
+    for name in results:
+        if name != OURS:
+            ratio = results[OURS][key] / results[name][key]
+            ratios[f"ours/{name}"] = ratio
+            print(f"  ratio ours/{name} ({unit}): {ratio:.3f}")
+    return ratios
+
+
+# --------------------------------------------------------------------------- peak memory
+
+
+class CpuPeakRss:
+    """Peak RSS of a call above the RSS before it: /proc/self/status VmHWM, reset by writing 5
+    to /proc/self/clear_refs (Linux). glibc keeps freed heap memory resident, and after the
+    first big frees it also raises its mmap threshold, so `prepare()` pins the threshold low:
+    tensors are then mmap-ed and returned on free, and the RSS follows live memory. Call it
+    only after all timings (it changes how malloc works for the rest of the process)."""
+
+    def __init__(self) -> None:
+        self.libc = None
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._status("VmHWM")
+            self.libc = ctypes.CDLL("libc.so.6")
+        except (OSError, ValueError):
+            pass
+
+    @property
+    def available(self) -> bool:
+        return self.libc is not None
+
+    @staticmethod
+    def _status(field: str) -> int:
+        """A /proc/self/status field in bytes."""
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise ValueError(f"no {field} in /proc/self/status")
+
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+    def prepare(self) -> None:
+        self.libc.mallopt(self.M_MMAP_THRESHOLD, 64 * 1024)
+        self.libc.mallopt(self.M_TRIM_THRESHOLD, 128 * 1024)
+
+    def restore(self) -> None:
+        """Where glibc's dynamic thresholds end up after big frees (32 MiB mmap, 2x trim)."""
+        self.libc.mallopt(self.M_MMAP_THRESHOLD, 32 * 2**20)
+        self.libc.mallopt(self.M_TRIM_THRESHOLD, 64 * 2**20)
+
+    def measure(self, fn: Callable[[], Any]) -> int:
+        self.libc.malloc_trim(0)
+        before = self._status("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := VmRSS
+        fn()
+        return max(0, self._status("VmHWM") - before)
+
+
+# ------------------------------------------------------------------------------ training
+
+
+@dataclasses.dataclass
+class Trainee:
+    """One model ready for training steps: its (maybe compiled) forward and its optimizer."""
+
+    name: str
+    model: nn.Module
+    forward: Callable[[Batch], Tensor]
+    optimizer: torch.optim.Optimizer
+    n_params: int
+
+
+def make_trainees(models: dict[str, nn.Module], compile_: bool) -> list[Trainee]:
+    trainees = []
+    for name, model in models.items():
+        model.train()
+        params = trainable_parameters(model)
+        runner = torch.compile(model) if compile_ else model
+        optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        n_params = sum(p.numel() for p in params)
+        trainees.append(Trainee(name, model, forward_fn(name, runner), optimizer, n_params))
+    return trainees
+
+
+def train_step(trainee: Trainee, batch: Batch, device: torch.device, precision: str) -> None:
+    """Forward, the trainer's label-smoothed loss (per token), backward, Adam step."""
+    trainee.optimizer.zero_grad(set_to_none=True)
+    with autocast(device, precision):
+        logits = trainee.forward(batch)  # (B, T, V)
+    out = label_smoothed_cross_entropy(logits, batch.tgt_out, SPECIAL.pad, LABEL_SMOOTHING)
+    (out.loss / out.n_tokens).backward()
+    trainee.optimizer.step()
+
+
+def cuda_step_memory(trainee: Trainee, batch: Batch, device: torch.device, precision: str) -> dict:
+    sync(device)
+    resting = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    train_step(trainee, batch, device, precision)
+    sync(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"peak_mem_mb": (peak - resting) / 2**20, "peak_mem_total_mb": peak / 2**20}
+
+
+def bench_train(
+    args: argparse.Namespace, cfg: ModelConfig, batch_tokens: int, variant: str,
+    device: torch.device, peak_flops: float | None,
+) -> dict[str, Any]:  # fmt: skip
+    precision, compile_ = variant.split("+")[0], variant.endswith("+compile")
+    batch = train_batch(batch_tokens, args.max_len, cfg.tgt_vocab_size, args.seed).to(device)
+    n_tokens = batch.n_src_tokens + batch.n_tgt_tokens
+    flops = train_flops(cfg, batch)
+    models = build_models(cfg, args.peers, device, args.max_positions, args.seed)
+    trainees = make_trainees(models, compile_)
+    B, S = batch.src_ids.shape
+    print(
+        f"\n== training [{variant}] {batch_tokens} batch tokens: {B} sentences, "
+        f"{batch.n_src_tokens}+{batch.n_tgt_tokens} src+tgt tokens (padded {B}x{S} + "
+        f"{B}x{batch.tgt_in.size(1)}), fwd+bwd+Adam, warmup {args.warmup}, "
+        f"repeats {args.repeats} interleaved"
+    )
+    for trainee in trainees:
+        for _ in range(args.warmup + (2 if compile_ else 0)):  # compile: recompile passes
+            train_step(trainee, batch, device, precision)
+    runs = {t.name: (lambda t=t: train_step(t, batch, device, precision)) for t in trainees}
+    times = interleaved(runs, args.repeats, device)
+    results: dict[str, dict] = {}
+    for trainee in trainees:
+        r = results[trainee.name] = {"params": trainee.n_params, **summary(times[trainee.name])}
+        r["tokens_per_s"] = n_tokens / r["median_s"]
+        r["peak_mem_mb"] = None
+        if device.type == "cuda":
+            r.update(cuda_step_memory(trainee, batch, device, precision))
+        r["mfu"] = flops / r["median_s"] / peak_flops if peak_flops else None
+    entry = {
+        "variant": variant, "batch_tokens": batch_tokens, "sentences": B,
+        "src_tokens": batch.n_src_tokens, "tgt_tokens": batch.n_tgt_tokens,
+        "flops_per_step": flops, "results": results,
+    }  # fmt: skip
+    print_train_table(entry)
+    return entry
+
+
+def print_train_table(entry: dict[str, Any]) -> None:
+    head = f"  {'model':<16}{'params':>12}{'median ms':>11}{'min ms':>9}{'tokens/s':>11}"
+    head += f"{'peak MB':>9}{'MFU':>10}"
+    print(head)
+    for name, r in entry["results"].items():
+        mem = "n/a" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
+        mfu = "GPU only" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        print(
+            f"  {name:<16}{r['params']:>12,}{r['median_s'] * 1e3:>11.1f}{r['min_s'] * 1e3:>9.1f}"
+            f"{r['tokens_per_s']:>11,.0f}{mem:>9}{mfu:>10}"
+        )
+    ours_mem = entry["results"][OURS]["peak_mem_mb"]
+    entry["memory_ratios"] = {
+        f"ours/{name}": ours_mem / r["peak_mem_mb"]
+        for name, r in entry["results"].items()
+        if name != OURS and ours_mem and r["peak_mem_mb"]
+    }
+    for key, value in entry["memory_ratios"].items():
+        print(f"  ratio {key} (peak step memory, lower is better): {value:.3f}")
+    entry["ratios"] = print_ratios(entry["results"], "tokens_per_s", "training tokens/s")
+
+
+def cpu_train_memory(
+    args: argparse.Namespace, cfg: ModelConfig, entries: list[dict], device: torch.device
+) -> None:
+    """Peak RSS of one training step per model, after all timings (see `CpuPeakRss`)."""
+    meter = CpuPeakRss()
+    if not meter.available:
+        print("\n(peak CPU memory: n/a, needs Linux /proc/self/clear_refs and glibc)")
+        return
+    meter.prepare()
+    try:
+        print("\n== peak memory of a training step above the resting state (CPU: RSS high-water)")
+        for entry in entries:
+            cpu_entry_memory(args, cfg, entry, device, meter)
+    finally:
+        meter.restore()
+
+
+def cpu_entry_memory(
+    args: argparse.Namespace, cfg: ModelConfig, entry: dict, device: torch.device,
+    meter: CpuPeakRss,
+) -> None:  # fmt: skip
+    """One entry's models rebuilt fresh (eager), one resting step, then one measured step."""
+    precision = entry["variant"].split("+")[0]  # eager: compiling again only for this
+    batch = train_batch(entry["batch_tokens"], args.max_len, cfg.tgt_vocab_size, args.seed)
+    batch = batch.to(device)
+    models = build_models(cfg, args.peers, device, args.max_positions, args.seed)
+    trainees = make_trainees(models, compile_=False)
+    for trainee in trainees:  # gradients and Adam state exist: the resting state
+        train_step(trainee, batch, device, precision)
+    gc.collect()
+    for trainee in trainees:
+        peak = meter.measure(lambda t=trainee: train_step(t, batch, device, precision))
+        entry["results"][trainee.name]["peak_mem_mb"] = peak / 2**20
+    print(f"\n-- training [{entry['variant']}] {entry['batch_tokens']} batch tokens")
+    print_train_table(entry)
+
+
+# ------------------------------------------------------------------------------ decoding
+
+
+class FixedLengthModel:
+    """Ours with EOS forbidden for the first `min_len` steps (`min_new_tokens` in HF terms):
+    with `max_len_b = min_len` the search then forces EOS at step `min_len + 1`."""
+
+    def __init__(self, model: Transformer, min_len: int) -> None:
+        self.model, self.min_len = model, min_len
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.model.encode(src_ids, src_mask)
+
+    def new_caches(self) -> list:
+        return self.model.new_caches()
+
+    def decode(
+        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
+    ) -> Tensor:
+        logits = self.model.decode(tgt_ids, memory, src_mask, caches, offset)  # (N, 1, V)
+        if offset < self.min_len:
+            logits[..., SPECIAL.eos] = float("-inf")
+        return logits
+
+
+def decode_ours(model: Transformer, src: Tensor, beam: int, length: int) -> list[list[int]]:
+    wrapped = FixedLengthModel(model, length)
+    kwargs = {"max_len_a": 0.0, "max_len_b": length, "length_penalty": 1.0}
+    if beam == 1:
+        result: SearchResult = greedy_search(wrapped, src, SPECIAL, **kwargs)
+    else:
+        result = beam_search(wrapped, src, SPECIAL, beam_size=beam, **kwargs)
+    return result.best_tokens()
+
+
+def decode_marian(model: nn.Module, src: Tensor, beam: int, length: int) -> list[list[int]]:
+    out = model.generate(
+        input_ids=src, attention_mask=src.ne(SPECIAL.pad), num_beams=beam, do_sample=False,
+        max_new_tokens=length + 1, min_new_tokens=length, use_cache=True, length_penalty=1.0,
+        early_stopping=False, num_return_sequences=1, suppress_tokens=[SPECIAL.pad, SPECIAL.bos],
+        decoder_start_token_id=SPECIAL.bos, eos_token_id=SPECIAL.eos,
+        forced_eos_token_id=SPECIAL.eos, pad_token_id=SPECIAL.pad,
+    )  # fmt: skip  # (B, 1 + length + 1): start token, L tokens, EOS
+    if out.size(1) != length + 2 or not out[:, -1].eq(SPECIAL.eos).all():
+        raise RuntimeError(f"generate returned {tuple(out.shape)}, not L+1={length + 1} tokens")
+    return out[:, 1:-1].tolist()
+
+
+def bench_decode(
+    args: argparse.Namespace, cfg: ModelConfig, precision: str, device: torch.device
+) -> list[dict[str, Any]]:
+    B, L = args.decode_batch, args.decode_len
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    src_lines, _ = random_batch(B, args.max_len, cfg.src_vocab_size, gen)
+    src = collate(src_lines, src_lines, SPECIAL).src_ids.to(device)  # (B, S): ids + eos, padded
+    peers = [p for p in args.peers if p == MARIAN]
+    models = build_models(cfg, peers, device, args.max_positions, args.seed)
+    for model in models.values():
+        model.eval()
+    decoders = {OURS: decode_ours, MARIAN: decode_marian}
+    entries = []
+    for beam in args.beams:
+        search = "greedy" if beam == 1 else f"beam{beam}"
+        print(
+            f"\n== decoding [{precision}] {search}: {B} sentences (source {src.size(1)} max), "
+            f"{L} tokens + EOS each, KV cache, warmup {args.warmup}, repeats {args.repeats}"
+        )
+
+        def run(name: str, beam: int = beam) -> list[list[int]]:
+            with autocast(device, precision), torch.inference_mode():
+                return decoders[name](models[name], src, beam, L)
+
+        outputs = {name: run(name) for name in models}  # warm-up + the output check
+        for name in models:
+            for _ in range(args.warmup - 1):
+                run(name)
+        for name, hyps in outputs.items():
+            if any(len(h) != L for h in hyps):
+                raise RuntimeError(f"{name} {search}: not every output has {L} tokens")
+        runs = {name: (lambda name=name: run(name)) for name in models}
+        times = interleaved(runs, args.repeats, device)
+        results = {}
+        print(f"  {'model':<16}{'median ms':>11}{'min ms':>9}{'sentences/s':>13}{'tokens/s':>11}")
+        for name in models:
+            r = results[name] = summary(times[name])
+            r["sentences_per_s"] = B / r["median_s"]
+            r["tokens_per_s"] = B * (L + 1) / r["median_s"]
+            print(
+                f"  {name:<16}{r['median_s'] * 1e3:>11.1f}{r['min_s'] * 1e3:>9.1f}"
+                f"{r['sentences_per_s']:>13,.1f}{r['tokens_per_s']:>11,.0f}"
+            )
+        entry = {
+            "variant": precision, "search": search, "beam": beam, "batch": B, "length": L,
+            "results": results,
+        }  # fmt: skip
+        if MARIAN in outputs:
+            same = sum(a == b for a, b in zip(outputs[OURS], outputs[MARIAN], strict=True))
+            entry["same_outputs_as_transformers"] = same / B
+            print(f"  same tokens as transformers (same weights): {same}/{B} sentences")
+        entry["ratios"] = print_ratios(results, "tokens_per_s", "decoding tokens/s")
+        entries.append(entry)
+    return entries
+
+
+# ------------------------------------------------------------------------- GPU extras
+
+
+def matmul_peak_flops(device: torch.device, n: int = 8192, repeats: int = 10) -> float:
+    """Measured bf16 matmul FLOP/s (median of `repeats` n x n x n products)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = interleaved({"mm": lambda: a @ b}, repeats, device)["mm"]
+    return 2 * n**3 / statistics.median(times)
+
+
+def profile(args: argparse.Namespace, cfg: ModelConfig, device: torch.device) -> None:
+    """torch.profiler tables: one training step and one beam decode of each model."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    batch = train_batch(args.batch_tokens[0], args.max_len, cfg.tgt_vocab_size, args.seed)
+    batch = batch.to(device)
+    models = build_models(cfg, args.peers, device, args.max_positions, args.seed)
+    for trainee in make_trainees(models, compile_=False):
+        train_step(trainee, batch, device, "fp32")
+        with torch_profile(activities=activities) as prof:
+            train_step(trainee, batch, device, "fp32")
+            sync(device)
+        print(f"\n--- profile: training step, {trainee.name} (top {args.profile_top} by self time)")
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=args.profile_top))
+    src = batch.src_ids[: args.decode_batch]
+    beam = max(args.beams)
+    decoders = {OURS: decode_ours, MARIAN: decode_marian}
+    for name in [n for n in models if n in decoders]:
+        model = models[name].eval()
+        with torch.inference_mode():
+            decoders[name](model, src, beam, args.decode_len)
+            with torch_profile(activities=activities) as prof:
+                decoders[name](model, src, beam, args.decode_len)
+                sync(device)
+        print(f"\n--- profile: beam {beam} decode, {name} (top {args.profile_top} by self time)")
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=args.profile_top))
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def csv(kind: type) -> Callable[[str], list]:
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="benchmark.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Defaults marked 'CPU/GPU' depend on --device. Ratios are ours/peer (> 1: ours "
+        "faster). Goals (the issue): training >= 1.2x and beam-5 decoding >= 2x transformers.",
+    )
+    add = p.add_argument
+    add(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda when available)",
+    )
+    add(
+        "--preset",
+        choices=["tiny", "small", "base", "big"],
+        default=None,
+        help="model sizes from conf/model/<preset>.yaml (default: CPU tiny, GPU base)",
+    )
+    add("--vocab", type=int, default=8000, help="shared vocabulary size (default: 8000)")
+    add(
+        "--preset-dropouts",
+        action="store_true",
+        help="keep the preset's attn/act dropout (0) for ours and Marian instead of P_drop "
+        "everywhere; nn.Transformer cannot, it keeps one dropout for all three",
+    )
+    add(
+        "--batch-tokens",
+        type=csv(int),
+        default=None,
+        help="comma list of training batch budgets, B * max(S, T) incl. padding "
+        "(default: CPU 2048, GPU 4096,16384)",
+    )
+    add(
+        "--max-len",
+        type=int,
+        default=32,
+        help="longest sentence (tokens per side before eos/bos); lengths are uniform in "
+        "[max_len/2, max_len] (default: 32)",
+    )
+    add(
+        "--variants",
+        type=csv(str),
+        default=None,
+        help=f"comma list of {', '.join(VARIANTS)}; bf16 = autocast, compile = torch.compile "
+        "(default: CPU fp32 (bf16/compile/MFU: GPU only), GPU fp32,bf16,bf16+compile)",
+    )
+    add("--decode-batch", type=int, default=64, help="sentences decoded at once (default: 64)")
+    add(
+        "--decode-len",
+        type=int,
+        default=24,
+        help="L: every output gets exactly L tokens + EOS (default: 24)",
+    )
+    add("--beams", type=csv(int), default=[1, 5], help="beam sizes; 1 = greedy (default: 1,5)")
+    add(
+        "--peers",
+        type=csv(str),
+        default=[MARIAN, TORCH],
+        help=f"comma list of {MARIAN} (MarianMTModel, train + decode) and {TORCH} "
+        "(train only) (default: both)",
+    )
+    add("--no-train", action="store_true", help="skip the training measurements")
+    add("--no-decode", action="store_true", help="skip the decoding measurements")
+    add("--warmup", type=int, default=2, help="untimed calls per model first (default: 2)")
+    add("--repeats", type=int, default=7, help="timed calls per model, interleaved (default: 7)")
+    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add("--seed", type=int, default=0, help="seed of weights and batches (default: 0)")
+    add(
+        "--profile",
+        action="store_true",
+        help="also print torch.profiler tables of one training step and one beam decode",
+    )
+    add("--profile-top", type=int, default=20, help="ops per profiler table (default: 20)")
+    add("--json", type=Path, default=None, metavar="PATH", help="write all results here")
+    return p
+
+
+def resolve_defaults(args: argparse.Namespace) -> None:
+    gpu = args.device.startswith("cuda")
+    args.preset = args.preset or ("base" if gpu else "tiny")
+    args.batch_tokens = args.batch_tokens or ([4096, 16384] if gpu else [2048])
+    args.variants = args.variants or (["fp32", "bf16", "bf16+compile"] if gpu else ["fp32"])
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad:
+        raise SystemExit(f"benchmark.py: unknown variant(s) {bad}; use {', '.join(VARIANTS)}")
+    args.max_positions = max(128, 2 * (args.max_len + args.decode_len + 2))  # Marian table
+    args.warmup = max(1, args.warmup)
+    unknown = [p for p in args.peers if p not in (MARIAN, TORCH)]
+    if unknown:
+        raise SystemExit(f"benchmark.py: unknown peer(s) {unknown}; use {MARIAN},{TORCH}")
+    if MARIAN in args.peers and transformers_version() is None:
+        print(
+            "NOTE: `transformers` is not installed, so the MarianMTModel peer is skipped "
+            "(install it with: pip install -e '.[bench]')."
+        )
+        args.peers = [p for p in args.peers if p != MARIAN]
+
+
+def goals(report: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets against transformers on this device, per measurement."""
+    out: dict[str, Any] = {}
+    for e in report["train"]:
+        ratio = e.get("ratios", {}).get(f"ours/{MARIAN}")
+        if ratio is not None:
+            key = f"train {e['variant']} {e['batch_tokens']} tokens"
+            out[key] = {"ratio": ratio, "goal": GOALS["train"], "met": ratio >= GOALS["train"]}
+    for e in report["decode"]:
+        ratio = e.get("ratios", {}).get(f"ours/{MARIAN}")
+        if ratio is not None and e["beam"] == 5:
+            key = f"decode {e['variant']} beam5"
+            out[key] = {"ratio": ratio, "goal": GOALS["beam5"], "met": ratio >= GOALS["beam5"]}
+    return out
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse flags, run every measurement, print tables; returns the JSON report."""
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    resolve_defaults(args)
+    device = torch.device(args.device)
+    cfg, source = model_config(args.preset, args.vocab, args.preset_dropouts)
+    gpu = device.type == "cuda"
+    print(
+        f"preset={args.preset} ({source}) d_model={cfg.d_model} heads={cfg.n_heads} "
+        f"d_ff={cfg.d_ff} layers={cfg.n_encoder_layers}+{cfg.n_decoder_layers} "
+        f"dropout={cfg.dropout} attn/act dropout={cfg.attn_dropout}/{cfg.act_dropout} "
+        f"vocab={args.vocab} shared+tied, post-norm"
+    )
+    print(
+        f"device={device} threads={torch.get_num_threads()} torch {torch.__version__} "
+        f"transformers {transformers_version() or 'not installed'}; peers: "
+        f"{', '.join(args.peers) or 'none'}; variants: {', '.join(args.variants)}"
+    )
+    if not gpu:
+        print("bf16 / torch.compile / MFU: GPU only (skipped on CPU unless --variants asks)")
+    peak = None
+    if gpu:
+        peak = matmul_peak_flops(device)
+        print(f"measured bf16 matmul peak: {peak / 1e12:.1f} TFLOP/s (8192^3, median of 10)")
+    report: dict[str, Any] = {
+        "meta": {
+            "preset": args.preset, "preset_source": source, "config": dataclasses.asdict(cfg),
+            "device": str(device), "device_name": torch.cuda.get_device_name(device) if gpu
+            else platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers_version(),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "peers": args.peers, "variants": args.variants, "batch_tokens": args.batch_tokens,
+            "max_len": args.max_len, "decode_batch": args.decode_batch,
+            "decode_len": args.decode_len, "beams": args.beams, "warmup": args.warmup,
+            "repeats": args.repeats, "label_smoothing": LABEL_SMOOTHING,
+        },
+        "peak_bf16_flops": peak, "train": [], "decode": [],
+    }  # fmt: skip
+    if not args.no_train:
+        for variant in args.variants:
+            for batch_tokens in args.batch_tokens:
+                report["train"].append(bench_train(args, cfg, batch_tokens, variant, device, peak))
+    if not args.no_decode:
+        for precision in dict.fromkeys(v.split("+")[0] for v in args.variants):
+            report["decode"] += bench_decode(args, cfg, precision, device)
+    if report["train"] and not gpu:
+        cpu_train_memory(args, cfg, report["train"], device)
+    if args.profile:
+        profile(args, cfg, device)
+    report["goals"] = goals(report)
+    if report["goals"]:
+        print(f"\n== goals vs transformers on {device} (ours/transformers)")
+        for key, g in report["goals"].items():
+            print(f"  {key}: {g['ratio']:.2f}x (goal >= {g['goal']}x): "
+                  f"{'met' if g['met'] else 'NOT met'}")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return report
+
+
+def main() -> None:
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Smoke tests of scripts/benchmark.py and scripts/bench_translate.py (tiny sizes, one thread).
+
+No timing assertion: they check that the scripts run, report positive numbers, write the
+expected JSON, and that the peers and the no-cache baseline compute what ours computes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from helpers_decoding import (
+    PAIRS,
+    SPECIAL,
+    random_sources,
+    single_thread,
+    tiny_tokenizer,
+    tiny_transformer,
+)
+
+from decoding import beam_search, greedy_search
+from training.checkpoint import model_payload, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+# benchmark.py imports bench_model from scripts/
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"attnmt_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+benchmark = load_script("benchmark")
+bench_translate = load_script("bench_translate")
+
+TINY_FLAGS = [
+    "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96", "--max-len", "6",
+    "--decode-batch", "2", "--decode-len", "3", "--warmup", "1", "--repeats", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    with single_thread():
+        yield
+
+
+def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    path = tmp_path / "bench.json"
+    report = benchmark.run([*TINY_FLAGS, "--json", str(path)])
+    assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+    assert {"meta", "peak_bf16_flops", "train", "decode", "goals"} <= report.keys()
+    (train,) = report["train"]
+    assert set(train["results"]) == {"ours", "transformers", "nn.Transformer"}
+    assert set(train["ratios"]) == {"ours/transformers", "ours/nn.Transformer"}
+    for r in train["results"].values():
+        assert r["median_s"] > 0 and r["tokens_per_s"] > 0 and r["params"] > 0
+        assert r["peak_mem_mb"] is None or r["peak_mem_mb"] >= 0
+    assert train["flops_per_step"] > 0 and train["src_tokens"] > 0 and train["tgt_tokens"] > 0
+    assert [d["search"] for d in report["decode"]] == ["greedy", "beam5"]
+    for d in report["decode"]:
+        assert set(d["results"]) == {"ours", "transformers"}
+        assert all(
+            r["sentences_per_s"] > 0 and r["tokens_per_s"] > 0 for r in d["results"].values()
+        )
+        assert d["ratios"]["ours/transformers"] > 0
+    assert set(report["goals"]) == {"train fp32 96 tokens", "decode fp32 beam5"}
+
+
+def test_benchmark_without_peers() -> None:
+    report = benchmark.run([*TINY_FLAGS, "--peers", "", "--beams", "1"])
+    assert set(report["train"][0]["results"]) == {"ours"}
+    assert report["train"][0]["ratios"] == {} and report["goals"] == {}
+    assert report["decode"][0]["results"]["ours"]["tokens_per_s"] > 0
+
+
+def test_marian_peer_computes_our_function() -> None:
+    """Same sizes + our copied weights: MarianMTModel's logits are ours (eval mode)."""
+    pytest.importorskip("transformers")
+    cfg, _ = benchmark.model_config("tiny", vocab=60, preset_dropouts=False)
+    models = benchmark.build_models(cfg, ["transformers"], torch.device("cpu"), 64, seed=0)
+    ours, marian = models["ours"].eval(), models["transformers"].eval()
+    assert benchmark.trainable_parameters(marian) and sum(
+        p.numel() for p in benchmark.trainable_parameters(marian)
+    ) == sum(p.numel() for p in ours.parameters())
+    batch = benchmark.train_batch(40, 7, 60, seed=3)
+    with torch.no_grad():
+        expected = ours(batch.src_ids, batch.tgt_in)
+        got = benchmark.forward_fn("transformers", marian)(batch)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_fixed_length_decoding_gives_every_sentence_length_tokens() -> None:
+    cfg, _ = benchmark.model_config("tiny", vocab=60, preset_dropouts=False)
+    model = benchmark.build_models(cfg, [], torch.device("cpu"), 64, seed=0)["ours"].eval()
+    src = random_sources([3, 5], vocab_size=60)
+    for beam in (1, 3):
+        hyps = benchmark.decode_ours(model, src, beam, length=4)
+        assert [len(h) for h in hyps] == [4, 4]
+        assert not {SPECIAL.pad, SPECIAL.bos, SPECIAL.eos} & {t for h in hyps for t in h}
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_no_cache_model_gives_the_cached_tokens(beam: int) -> None:
+    tiny = tiny_transformer(seed=3)
+    src_ids = random_sources([4, 12, 7, 2], seed=9)
+    search = greedy_search if beam == 1 else beam_search
+    kwargs = {} if beam == 1 else {"beam_size": beam, "nbest": beam}
+    cached = search(tiny, src_ids, SPECIAL, **kwargs).hypotheses
+    uncached = search(bench_translate.NoCacheModel(tiny), src_ids, SPECIAL, **kwargs).hypotheses
+    assert [[h.tokens for h in nbest] for nbest in uncached] == [
+        [h.tokens for h in nbest] for nbest in cached
+    ]
+    assert any(len(nbest[0].tokens) > 1 for nbest in cached)  # not a trivial output
+
+
+def test_bench_translate_main(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tokenizer = tiny_tokenizer(tmp_path / "spm")
+    model = tiny_transformer(vocab_size=tokenizer.src_vocab_size, seed=2)
+    save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", model_payload(model, tokenizer))
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(f"{s}\n" for s, _ in PAIRS[:6]), encoding="utf-8")
+    ref.write_text("".join(f"{t}\n" for _, t in PAIRS[:6]), encoding="utf-8")
+    path = tmp_path / "out.json"
+    status = bench_translate.main([
+        "-c", str(tmp_path / "run"), "--input", str(src), "--ref", str(ref),
+        "--limit-speed", "3", "--batch-sizes", "1,2", "--beams", "1,2", "--repeats", "1",
+        "--json", str(path),
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    report = json.loads(path.read_text())
+    assert set(report["quality"]) == {"greedy", "beam2"}
+    assert report["quality"]["greedy"]["bleu_signature"].startswith("nrefs:1")
+    assert report["speed"]["n_sentences"] == 3 and len(report["speed"]["rows"]) == 4
+    for row in report["speed"]["rows"]:
+        assert row["different_outputs"] == 0
+        assert row["cache"]["sentences_per_s"] > 0 and row["no_cache"]["tokens_per_s"] > 0
+    assert report["outputs_identical"] and "N=3" in out
