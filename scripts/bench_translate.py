@@ -7,7 +7,7 @@ In one run:
       `SearchConfig` length limits and length penalty);
   (b) translation speed, sentences/s and target tokens/s (generated tokens + EOS), for greedy
       and beam 5 at batch sizes 1 and 64, for the model WITH its KV cache and the same model
-      WITHOUT it (`NoCacheModel`: every step runs the decoder over the whole target prefix;
+      WITHOUT it (`decoding.uncached.UncachedModel`: every step runs the decoder over the whole target prefix;
       only the last position goes through the output layer). Both must produce the same
       tokens; this is checked on every sentence (exit status 1 if not). Speed uses the first N
       sentences (`--limit-speed`: no-cache beam search at batch 1 is slow), text in, text out
@@ -29,66 +29,19 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from decoding import SearchConfig, TextHypothesis, Translator  # noqa: E402
+from decoding.uncached import UncachedModel  # noqa: E402
 from evaluation.bleu import corpus_bleu, corpus_chrf  # noqa: E402
 from model import Transformer  # noqa: E402
-
-
-@dataclass
-class PrefixCache:
-    """Not a KV cache: the target prefix so far (N, t), re-ordered along with the beams."""
-
-    prefix: Tensor | None = None
-
-    def reorder(self, index: Tensor) -> None:
-        if self.prefix is not None:
-            self.prefix = self.prefix.index_select(0, index)
-
-    def append(self, tgt_ids: Tensor) -> Tensor:
-        """Add the new tokens (N, T); return the whole prefix (N, t + T)."""
-        self.prefix = tgt_ids if self.prefix is None else torch.cat([self.prefix, tgt_ids], 1)
-        return self.prefix
-
-
-class NoCacheModel(nn.Module):
-    """The same Transformer decoding without a KV cache (the search API unchanged).
-
-    Each step re-runs the decoder over the whole target prefix (t tokens of work instead of
-    one), so step t costs O(t) decoder positions and O(t^2) self-attention. Only the last
-    position's hidden state goes through the output layer, as any sensible uncached decoder
-    would do. Same weights, same tokens out.
-    """
-
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.model = model
-
-    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.model.encode(src_ids, src_mask)
-
-    def new_caches(self) -> list[PrefixCache]:
-        return [PrefixCache()]
-
-    def decode(
-        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
-    ) -> Tensor:
-        m = self.model
-        prefix = caches[0].append(tgt_ids)  # (N, offset + T)
-        if prefix.size(1) != offset + tgt_ids.size(1):
-            raise RuntimeError("the prefix cache is out of step with the search")
-        x = m.positional(m.tgt_embed(prefix) * m.embed_scale)  # (N, t, D), positions 0..t-1
-        hidden = m.decoder(x, memory, src_mask[:, None, None, :]).hidden  # (N, t, D), causal
-        return m.generator(hidden[:, -tgt_ids.size(1) :])  # (N, T, V): the new positions only
 
 
 def read_lines(path: str) -> list[str]:
@@ -135,7 +88,7 @@ def speed(
 ) -> list[dict[str, Any]]:
     """Cached vs uncached translation speed of `lines` for every (search, batch size)."""
     rows = []
-    models = {"cache": model, "no_cache": NoCacheModel(model)}
+    models = {"cache": model, "no_cache": UncachedModel(model)}
     for beam in beams:
         for batch_size in batch_sizes:
             cfg = SearchConfig(beam_size=beam, batch_size=batch_size)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
 from model import ModelConfig, Transformer
 
 
@@ -39,22 +40,6 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-@dataclass
-class PrefixCache:
-    """A cache that keeps the whole target prefix (N, t) and follows the search's re-ordering."""
-
-    prefix: Tensor | None = None
-
-    def reorder(self, index: Tensor) -> None:
-        if self.prefix is not None:
-            self.prefix = self.prefix.index_select(0, index)
-
-    def append(self, tgt_ids: Tensor) -> Tensor:
-        """Add the new tokens (N, T) and return the full prefix (N, t + T)."""
-        self.prefix = tgt_ids if self.prefix is None else torch.cat([self.prefix, tgt_ids], 1)
-        return self.prefix
 
 
 @dataclass
@@ -101,26 +86,6 @@ class ScriptedModel:
         for token, p in probs.items():
             row[token] = math.log(p)
         return row
-
-
-class UncachedModel:
-    """Wraps a Transformer so that every step recomputes the full prefix without a KV cache."""
-
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
-
-    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.model.encode(src_ids, src_mask)
-
-    def new_caches(self) -> list[PrefixCache]:
-        return [PrefixCache()]
-
-    def decode(
-        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
-    ) -> Tensor:
-        prefix = caches[0].append(tgt_ids)  # (N, t + 1)
-        assert prefix.size(1) == offset + 1
-        return self.model.decode(prefix, memory, src_mask)[:, -1:]  # (N, 1, V)
 
 
 def tiny_transformer(vocab_size: int = 40, seed: int = 0) -> Transformer:

@@ -25,6 +25,7 @@ from helpers_decoding import (
 )
 
 from decoding import beam_search, greedy_search
+from decoding.uncached import UncachedModel
 from training.checkpoint import model_payload, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +119,7 @@ def test_no_cache_model_gives_the_cached_tokens(beam: int) -> None:
     search = greedy_search if beam == 1 else beam_search
     kwargs = {} if beam == 1 else {"beam_size": beam, "nbest": beam}
     cached = search(tiny, src_ids, SPECIAL, **kwargs).hypotheses
-    uncached = search(bench_translate.NoCacheModel(tiny), src_ids, SPECIAL, **kwargs).hypotheses
+    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, **kwargs).hypotheses
     assert [[h.tokens for h in nbest] for nbest in uncached] == [
         [h.tokens for h in nbest] for nbest in cached
     ]

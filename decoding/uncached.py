@@ -1,0 +1,57 @@
+"""A reference decoder without a KV cache: the same model and search API, each step re-running
+the decoder over the whole target prefix. For verifying cached decoding and for benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from model import Transformer
+
+
+@dataclass
+class PrefixCache:
+    """Not a KV cache: the target prefix so far (N, t), re-ordered along with the beams."""
+
+    prefix: Tensor | None = None
+
+    def reorder(self, index: Tensor) -> None:
+        if self.prefix is not None:
+            self.prefix = self.prefix.index_select(0, index)
+
+    def append(self, tgt_ids: Tensor) -> Tensor:
+        """Add the new tokens (N, T); return the whole prefix (N, t + T)."""
+        self.prefix = tgt_ids if self.prefix is None else torch.cat([self.prefix, tgt_ids], 1)
+        return self.prefix
+
+
+class UncachedModel(nn.Module):
+    """The same Transformer decoding without a KV cache (the search API unchanged).
+
+    Step t re-runs the decoder over all t target positions (O(t) positions, O(t^2)
+    self-attention) instead of one. Only the new positions go through the output layer, as any
+    sensible uncached decoder would do. Same weights, same tokens out.
+    """
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return self.model.encode(src_ids, src_mask)
+
+    def new_caches(self) -> list[PrefixCache]:
+        return [PrefixCache()]
+
+    def decode(
+        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
+    ) -> Tensor:
+        m = self.model
+        prefix = caches[0].append(tgt_ids)  # (N, offset + T)
+        if prefix.size(1) != offset + tgt_ids.size(1):
+            raise RuntimeError("the prefix cache is out of step with the search")
+        x = m.positional(m.tgt_embed(prefix) * m.embed_scale)  # (N, t, D), positions 0..t-1
+        hidden = m.decoder(x, memory, src_mask[:, None, None, :]).hidden  # (N, t, D), causal
+        return m.generator(hidden[:, -tgt_ids.size(1) :])  # (N, T, V): the new positions only
