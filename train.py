@@ -20,7 +20,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from training.loop import USER_ERRORS, TrainingError, fit
+from common.errors import UserError
+from training.loop import fit
 
 log = logging.getLogger("train")
 
@@ -31,7 +32,7 @@ def main(cfg: DictConfig) -> float:
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         best = fit(cfg, run_dir)
-    except (*USER_ERRORS, TrainingError) as e:
+    except UserError as e:
         log.error("%s", e)  # keeps the reason in train.log too
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)

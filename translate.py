@@ -15,21 +15,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from common.errors import UserError
+from common.files import atomic_write, read_lines
 
 if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are checked
     from decoding import TextHypothesis, Translator
 
 PROG = "translate.py"
-
-
-class UserError(Exception):
-    """A mistake the user can fix; the message is one line naming the problem and the fix."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,29 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_lines(path: str | None, label: str) -> list[str]:
-    """Lines of a UTF-8 file (stdin when `path` is None), without line ends."""
-    try:
-        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{label} file not found: {path}; check the path") from None
-    except OSError as e:
-        raise UserError(f"cannot read {label} file {path} ({e.strerror}); check the path") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        name = "standard input" if path is None else path
-        raise UserError(
-            f"{name} is not valid UTF-8 (line {line}: {e.reason}); "
-            "convert it to UTF-8, e.g. with iconv -f latin1 -t utf-8"
-        ) from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it does not start a new one
-    return [line.removesuffix("\r") for line in lines]
-
-
 def check_writable(path: str | None, flag: str) -> None:
     if path is None:
         return
@@ -156,22 +130,6 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UserError(f"{flag} {path} is a directory; pass a file name")
     if not target.parent.is_dir():
         raise UserError(f"{flag} directory {target.parent} does not exist; create it first")
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write to a temp file beside `path`, then rename: readers never see half a file."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def resolve_device(name: str) -> str:
@@ -210,14 +168,10 @@ def run(args: argparse.Namespace) -> None:
         )
     device = resolve_device(args.device)
 
-    from data.errors import DataError
     from decoding import SearchConfig, Translator
-    from training.checkpoint import CheckpointError, load_for_inference
+    from decoding.checkpoint import load_for_inference
 
-    try:
-        model, tokenizer, _ = load_for_inference(args.checkpoint, device)
-    except (CheckpointError, DataError) as e:
-        raise UserError(str(e)) from None
+    model, tokenizer, _ = load_for_inference(args.checkpoint, device)
     cfg = SearchConfig(
         beam_size=args.beam,
         length_penalty=args.length_penalty,
@@ -230,7 +184,7 @@ def run(args: argparse.Namespace) -> None:
     nbest = translator.translate_nbest(sentences)
     output = format_output(nbest, args.nbest)
     if args.output:
-        write_atomically(args.output, output)
+        atomic_write(args.output, output)
     else:
         sys.stdout.buffer.write(output.encode("utf-8"))
         sys.stdout.flush()

@@ -13,14 +13,17 @@ import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
 from torch import Tensor
 
 from .errors import DataError
 from .tokenizer import SpecialIds
+
+if TYPE_CHECKING:  # inference never needs `datasets` (it costs ~1 s to import)
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +119,8 @@ def token_lengths(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
     return columns["src_len"], columns["tgt_len"]
 
 
-# datasets >= 4 returns a lazy Column for ds["col"] (older versions return a list).
-_LazyColumn = getattr(datasets, "Column", ())
-
-
 def _as_array(lengths: Sequence[int]) -> np.ndarray:
-    if isinstance(lengths, _LazyColumn):
+    if type(lengths).__module__.startswith("datasets"):  # datasets >= 4: a lazy Column
         lengths = lengths[:]  # one Arrow read; np.asarray would format row by row (slow)
     return np.asarray(lengths, dtype=np.int64)
 

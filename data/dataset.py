@@ -26,9 +26,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
+from typing import BinaryIO
 
 import datasets
 from datasets.arrow_writer import ArrowWriter
+
+from common.files import atomic_write
 
 from .errors import DataError
 from .tokenizer import Tokenizer
@@ -241,12 +244,14 @@ def _iter_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
 
 
 def _write_corpus_arrow(src_path: Path, tgt_path: Path, cache_file: Path, key: str) -> None:
-    """Stream both files into one Arrow file, a record batch at a time (bounded memory)."""
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_name(f"{cache_file.name}.tmp{os.getpid()}")
-    try:
+    """Stream both files into one Arrow file, a record batch at a time (bounded memory).
+
+    Written atomically: concurrent ranks may race, and a reader must never see half a file.
+    """
+
+    def write(stream: BinaryIO) -> None:
         n_pairs = 0
-        with ArrowWriter(features=_TEXT_FEATURES, path=str(tmp), fingerprint=key) as writer:
+        with ArrowWriter(features=_TEXT_FEATURES, stream=stream, fingerprint=key) as writer:
             batch: dict[str, list[str]] = {"src": [], "tgt": []}
             for src, tgt in _iter_pairs(src_path, tgt_path):
                 batch["src"].append(src)
@@ -263,11 +268,9 @@ def _write_corpus_arrow(src_path: Path, tgt_path: Path, cache_file: Path, key: s
                     f"empty corpus: {src_path} and {tgt_path} have no lines; "
                     "fill them or point data.dir at the right folder"
                 )
-            writer.finalize()
-        # Rename last: concurrent ranks may race, and a reader must never see half a file.
-        os.replace(tmp, cache_file)
-    finally:
-        tmp.unlink(missing_ok=True)
+            writer.finalize(close_stream=False)  # atomic_write fsyncs and closes it
+
+    atomic_write(cache_file, write)
 
 
 def _load_hub_split(cfg: DataConfig, split: str) -> datasets.Dataset:

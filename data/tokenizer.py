@@ -15,15 +15,19 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import sentencepiece as spm
 
+from common.files import atomic_write
+
 from .errors import DataError
+
+if TYPE_CHECKING:  # inference never needs `datasets` (it costs ~1 s to import)
+    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -251,18 +255,12 @@ def _encode(processor: spm.SentencePieceProcessor, texts: list[str]) -> list[lis
 
 def _write_model(path: Path, model: bytes, processor: spm.SentencePieceProcessor) -> None:
     """Atomic write (temp file + rename) so a killed run never leaves half a model behind."""
-    _atomic_write(path, model)
+    atomic_write(path, model)
     vocab = "".join(
         f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
         for i in range(processor.get_piece_size())
     )
-    _atomic_write(path.with_suffix(".vocab"), vocab.encode("utf-8"))
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
+    atomic_write(path.with_suffix(".vocab"), vocab.encode("utf-8"))
 
 
 # --- training -------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import torch  # noqa: E402
 
-from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+from decoding.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 
 PROG = "average_checkpoints.py"
 _STEP_FILE = re.compile(r"step_(\d+)\.pt")

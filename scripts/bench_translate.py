@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from training.checkpoint import load_for_inference
+    from decoding.checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(args.checkpoint, args.device)
     model.eval()

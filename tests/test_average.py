@@ -11,7 +11,7 @@ import torch
 from helpers_decoding import tiny_tokenizer, tiny_transformer
 
 from data.tokenizer import Tokenizer
-from training.checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
+from decoding.checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "average_checkpoints.py"
 

@@ -25,8 +25,8 @@ from helpers_decoding import (
 )
 
 from decoding import beam_search, greedy_search
+from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.uncached import UncachedModel
-from training.checkpoint import model_payload, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 # benchmark.py imports bench_model from scripts/

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from data import (
+from data.batching import (
     Batch,
     BatchIterator,
-    DataError,
-    SpecialIds,
     TokenBatchSampler,
     collate,
     encode_source_batch,
     token_lengths,
 )
+from data.errors import DataError
+from data.tokenizer import SpecialIds
 
 SPECIAL = SpecialIds()
 ODD_SPECIAL = SpecialIds(pad=3, unk=2, bos=0, eos=1)

@@ -13,16 +13,9 @@ from pathlib import Path
 import datasets
 import pytest
 
-from data import (
-    DataConfig,
-    DataError,
-    Tokenizer,
-    TokenizerConfig,
-    encode_split,
-    filter_train_pairs,
-    load_split,
-    train_or_load_tokenizer,
-)
+from data.dataset import DataConfig, encode_split, filter_train_pairs, load_split
+from data.errors import DataError
+from data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
 
 GERMAN = [
     "Ein Mann fährt Fahrrad.",
@@ -315,7 +308,7 @@ def test_hub_unreachable_gives_one_line_with_the_local_fix(
 def test_hub_offline_for_real_prints_one_line(tmp_path: Path) -> None:
     """The real ``datasets`` offline error (no network needed: HF_HUB_OFFLINE=1)."""
     code = (
-        "from data import DataConfig, DataError, load_split\n"
+        "from data.dataset import DataConfig, DataError, load_split\n"
         "try:\n"
         f"    load_split(DataConfig(hub_name='bentrevett/multi30k', cache_dir={str(tmp_path)!r}),"
         " 'train')\n"

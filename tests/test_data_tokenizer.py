@@ -12,15 +12,9 @@ import datasets
 import pytest
 import torch
 
-from data import (
-    DataConfig,
-    DataError,
-    SpecialIds,
-    Tokenizer,
-    TokenizerConfig,
-    load_split,
-    train_or_load_tokenizer,
-)
+from data.dataset import DataConfig, load_split
+from data.errors import DataError
+from data.tokenizer import SpecialIds, Tokenizer, TokenizerConfig, train_or_load_tokenizer
 
 # (German, English, French, Czech): umlauts, accents and diacritics the models must keep.
 SENTENCES = [

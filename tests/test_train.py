@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from data.batching import collate
+from decoding.checkpoint import load_checkpoint
 from tests.train_helpers import ROOT, TOY, toy_cfg
 from training import distributed
-from training.checkpoint import load_checkpoint
 from training.config import Configs
 from training.loop import Trainer, fit
 

@@ -20,8 +20,8 @@ from helpers_decoding import PAIRS, single_thread, tiny_tokenizer, tiny_transfor
 import translate
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator
+from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.plot import heatmap_image, heatmap_tensor
-from training.checkpoint import model_payload, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # tiny ops: 1 thread

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field, fields
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.errors import UserError
 from data.dataset import DataConfig
 from data.tokenizer import TokenizerConfig
 from decoding.search import SearchConfig
 from model import ModelConfig
 
 
-class ConfigError(Exception):
+class ConfigError(UserError):
     """A config value that cannot work; one line: the key, the problem, the fix."""
 
 

@@ -9,10 +9,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from common.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class DeviceError(Exception):
+class DeviceError(UserError):
     """Asked for a device this machine does not have."""
 
 

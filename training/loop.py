@@ -25,25 +25,23 @@ from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from common.errors import UserError
 from data.batching import Batch, TokenBatchSampler, collate, token_lengths
-from data.dataset import DataError, encode_split, filter_train_pairs, load_split
+from data.dataset import encode_split, filter_train_pairs, load_split
 from data.tokenizer import train_or_load_tokenizer
+from decoding.checkpoint import CheckpointError, load_checkpoint, model_payload, save_checkpoint
 from decoding.translator import Translator
 from evaluation import corpus_bleu, corpus_chrf
 from model import Transformer
 from training import distributed
-from training.checkpoint import CheckpointError, load_checkpoint, model_payload, save_checkpoint
-from training.config import ConfigError, Configs
+from training.config import Configs
 from training.logger import TrainLogger
 from training.loss import label_smoothed_cross_entropy
 from training.schedule import inverse_sqrt_warmup, noam
 
 log = logging.getLogger(__name__)
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError, distributed.DeviceError)
-
-
-class TrainingError(Exception):
+class TrainingError(UserError):
     """Training cannot go on (e.g. the loss keeps diverging); one line: problem and fix."""
 
 

@@ -1,21 +1,27 @@
-"""Checkpoints: one self-contained file with weights, model config and tokenizer.
+"""The checkpoint format, owned by inference and shared with training.
 
-Saved with `torch.save` and loaded with `torch.load(weights_only=True)`: only tensors and plain
-containers, so loading a checkpoint can never run code. Writes are atomic (temp file +
-`os.replace`), so a run killed at any moment leaves the previous file intact.
+A checkpoint is one self-contained file: weights, model config and tokenizer (`model_payload`),
+plus, for `last.pt`, what training needs to resume (optimizer, train state, RNG; see
+`training/loop.py`). Saved with `torch.save` and loaded with `torch.load(weights_only=True)`:
+only tensors and plain containers, so loading a checkpoint can never run code. Writes are
+atomic (temp file + rename), so a run killed at any moment leaves the previous file intact.
+
+A run dir keeps them in `checkpoints/`: `last.pt` (resume), `best.pt` (best valid BLEU) and the
+newest `trainer.keep_last` `step_<N>.pt` (for averaging, `scripts/average_checkpoints.py`).
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
+from common.errors import UserError
+from common.files import atomic_write
 from data.errors import DataError
 from data.tokenizer import Tokenizer
 from model import ModelConfig, Transformer
@@ -23,7 +29,7 @@ from model import ModelConfig, Transformer
 FORMAT_VERSION = 1
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used; the message is one line: problem and fix."""
 
 
@@ -45,25 +51,23 @@ def model_payload(model: Transformer, tokenizer: Tokenizer) -> dict[str, Any]:
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     """Write `payload` to `path` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; checkpoints are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: torch.save(payload, f))
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+_STEP_FILE = re.compile(r"step_(\d+)\.pt")
+
+
+def step_checkpoints(folder: str | Path) -> list[Path]:
+    """The `step_<N>.pt` files of a checkpoints folder, oldest (smallest N) first."""
+    found = [(int(m.group(1)), p) for p in Path(folder).glob("step_*.pt")
+             if (m := _STEP_FILE.fullmatch(p.name))]
+    return [path for _, path in sorted(found)]
+
+
+def keep_newest_step_checkpoints(folder: str | Path, keep: int) -> None:
+    """Delete all but the `keep` newest `step_<N>.pt` files."""
+    for old in step_checkpoints(folder)[:-keep] if keep > 0 else step_checkpoints(folder):
+        old.unlink(missing_ok=True)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -1,0 +1,71 @@
+"""File I/O with two guarantees: writes are atomic (readers and a killed process never leave
+half a file), and text is read as UTF-8 with a one-line error naming the file and line."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from common.errors import UserError
+
+
+def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
+    """Write `data` to `path` through a temp file in the same folder, fsync, then rename.
+
+    `data` is bytes, text (written as UTF-8 with "\\n" line ends) or a function that writes
+    into the open binary file (e.g. `lambda f: torch.save(obj, f)`). The file gets the usual
+    permissions (0666 minus the umask), not mkstemp's 0600. On any error, the temp file is
+    removed and the previous `path`, if any, is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_lines(path: str | Path | None, label: str = "input") -> list[str]:
+    """Lines of a UTF-8 file (standard input when `path` is None), without line ends.
+
+    A final newline ends the last line rather than starting an empty one; "\\r\\n" ends are
+    accepted; a UTF-8 byte-order mark is dropped.
+
+    Raises:
+        UserError: the file is missing, unreadable or not UTF-8 (the message names the line).
+    """
+    try:
+        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{label} file not found: {path}; check the path") from None
+    except OSError as e:
+        raise UserError(f"cannot read {label} file {path} ({e.strerror}); check the path") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        name = "standard input" if path is None else path
+        raise UserError(
+            f"{name} is not valid UTF-8 (line {line}: {e.reason}); "
+            "convert it to UTF-8, e.g. with iconv -f latin1 -t utf-8"
+        ) from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
