@@ -409,7 +409,7 @@ def train_step(trainee: Trainee, batch: Batch, device: torch.device, precision: 
     with autocast(device, precision):
         logits = trainee.forward(batch)  # (B, T, V)
     out = label_smoothed_cross_entropy(logits, batch.tgt_out, SPECIAL.pad, LABEL_SMOOTHING)
-    (out.loss / out.n_tokens).backward()
+    (out.loss / batch.n_tgt_tokens).backward()
     trainee.optimizer.step()
 
 

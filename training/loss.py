@@ -11,7 +11,6 @@ from torch import Tensor
 class LossOutput(NamedTuple):
     loss: Tensor  # summed label-smoothed loss over non-pad tokens (the training objective)
     nll: Tensor  # summed negative log-likelihood over non-pad tokens (for perplexity)
-    n_tokens: int  # non-pad target tokens
 
 
 def label_smoothed_cross_entropy(
@@ -22,6 +21,7 @@ def label_smoothed_cross_entropy(
     The target distribution puts 1 - eps on the gold token and eps / V on every token (the
     convention of `F.cross_entropy(label_smoothing=eps)`). Sums, not means: the caller divides
     by the token count of the whole update, so gradient accumulation equals one big batch.
+    Nothing is read back to the host: the token count comes from the batch (`n_tgt_tokens`).
 
     Shape:
         logits: (B, T, V); tgt_out: (B, T).
@@ -33,4 +33,4 @@ def label_smoothed_cross_entropy(
     nll = nll.masked_fill(~keep, 0.0).sum()
     smooth = smooth.masked_fill(~keep, 0.0).sum()
     loss = (1.0 - smoothing) * nll + smoothing * smooth
-    return LossOutput(loss, nll.detach(), int(keep.sum()))
+    return LossOutput(loss, nll.detach())
