@@ -7,14 +7,16 @@
     torchrun --nproc_per_node=8 train.py experiment=wmt14_en_de
 
 Everything a run writes goes under its Hydra run dir; re-running in the same dir resumes.
+Under torchrun only rank 0 writes (run dir, `train.log`, TensorBoard, `results.json`); the
+other ranks print warnings and errors only, prefixed with their rank.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import sys
-from pathlib import Path
+import time
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -22,27 +24,78 @@ from omegaconf import DictConfig
 
 from common.errors import UserError
 from training.loop import fit
+from training.run_dir import check_run_dir_free, torchrun_run_dir
 
+PROG = "train.py"
+RANK = int(os.environ.get("RANK", "0"))
 log = logging.getLogger("train")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float:
     """Returns the best validation BLEU, so a Hydra sweeper can optimise it."""
+    if RANK > 0:  # Hydra set up no logging here (see _torchrun_overrides)
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                            format=f"[rank {RANK}] %(levelname)s %(name)s: %(message)s")
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        best = fit(cfg, run_dir)
+        outcome = fit(cfg, run_dir)
     except UserError as e:
-        log.error("%s", e)  # keeps the reason in train.log too
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    results = json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
-    print(f"best valid BLEU {best:.2f} (step {results['best_step']} of {results['steps']})")
+        _fail(str(e))
+    if RANK == 0:
+        if outcome.preempted:
+            print(f"stopped by {outcome.preempted} at step {outcome.results['steps']}; "
+                  f"{run_dir}/checkpoints/last.pt holds it: run the same command to resume")
+        else:
+            _print_summary(outcome.results, run_dir)
+    return outcome.results["valid"]["bleu"]
+
+
+def _print_summary(results: dict, run_dir: str) -> None:
+    print(f"best valid BLEU {results['valid']['bleu']:.2f} "
+          f"(step {results['best_step']} of {results['steps']})")
     for split, score in results["test"].items():
-        print(f"test {split}: BLEU {score['bleu']:.2f}  chrF {score['chrf']:.2f}  {score['signature']}")
+        print(f"test {split}: BLEU {score['bleu']:.2f}  chrF {score['chrf']:.2f}  "
+              f"{score['signature']}")
     print(f"results in {run_dir}/results.json")
-    return best
+
+
+def _fail(message: str) -> None:
+    """One line on stderr and exit 2. Under torchrun, a rank other than 0 waits a moment
+    first: if rank 0 hit the same error it reports it and torchrun ends this rank, so the user
+    reads one line, not one per rank."""
+    if RANK > 0:
+        time.sleep(5)
+        message = f"[rank {RANK}] {message}"
+    log.error("%s", message)  # keeps the reason in train.log too
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _torchrun_overrides(argv: list[str]) -> list[str]:
+    """Extra Hydra overrides under torchrun: one run dir for all ranks and restarts, and no
+    files (`.hydra/`, `train.log`) or INFO logging from ranks other than 0."""
+    if "LOCAL_RANK" not in os.environ:
+        return []
+    extra = []
+    if not any(arg.startswith("hydra.run.dir=") for arg in argv):
+        extra.append(f"hydra.run.dir={torchrun_run_dir()}")
+    if RANK > 0:
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    return extra
+
+
+def _run_dir_of(argv: list[str]) -> str | None:
+    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("hydra.run.dir=")]
+    return given[-1] if given else None
 
 
 if __name__ == "__main__":
+    try:
+        sys.argv += _torchrun_overrides(sys.argv[1:])
+        run_dir = _run_dir_of(sys.argv[1:])
+        if RANK == 0 and run_dir and "-m" not in sys.argv and "--multirun" not in sys.argv:
+            check_run_dir_free(run_dir)  # before Hydra writes .hydra/ and train.log there
+    except UserError as e:
+        _fail(str(e))
     main()

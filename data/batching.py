@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +65,15 @@ class Batch:
             src_ids=self.src_ids.to(device, non_blocking=non_blocking),
             tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
             tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
+        )
+
+    def pin_memory(self) -> Batch:
+        """A copy in page-locked memory (for asynchronous host-to-GPU copies)."""
+        return dataclasses.replace(
+            self,
+            src_ids=self.src_ids.pin_memory(),
+            tgt_in=self.tgt_in.pin_memory(),
+            tgt_out=self.tgt_out.pin_memory(),
         )
 
     def __len__(self) -> int:
@@ -279,8 +290,8 @@ class TokenBatchSampler:
 class BatchIterator:
     """Sampler + encoded dataset -> :class:`Batch` objects, reading rows per batch.
 
-    Only the batch's rows are read from the memory-mapped dataset, so a WMT-sized split never
-    sits in Python lists.
+    Only the batch's id columns are read from the memory-mapped dataset, so a WMT-sized split
+    never sits in Python lists.
 
     Args:
         ds: Encoded split (columns ``src_ids``, ``tgt_ids``; see ``encode_split``).
@@ -296,9 +307,57 @@ class BatchIterator:
         self.sampler = sampler
 
     def __iter__(self) -> Iterator[Batch]:
-        for indices in self.sampler:
-            rows = self.ds[indices]
-            yield collate(rows["src_ids"], rows["tgt_ids"], self.special, indices)
+        return self.epoch(self.sampler.epoch)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """The batches of `epoch` from the `start`-th on (a resumed run skips those it has
+        trained on without reading them)."""
+        self.sampler.set_epoch(epoch)
+        for i, indices in enumerate(self.sampler):
+            if i >= start:
+                rows = self.ds[indices]
+                yield collate(rows["src_ids"], rows["tgt_ids"], self.special, indices)
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+def prefetch(batches: Iterator[Batch], depth: int = 2, pin_memory: bool = False) -> Iterator[Batch]:
+    """Build `batches` on a background thread, up to `depth` ahead of the consumer.
+
+    Reading Arrow rows and padding happen off the training thread, so a GPU step does not wait
+    for them; `pin_memory` (CUDA) makes the later `Batch.to(device, non_blocking=True)` a true
+    asynchronous copy. Order and content are those of `batches`; an exception in the producer
+    is raised here, at the batch where it happened. `depth=0` iterates inline.
+    """
+    if depth <= 0:
+        yield from batches
+        return
+    done = object()
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if stop.is_set():
+                    return
+                slots.put(batch.pin_memory() if pin_memory else batch)
+            slots.put(done)
+        except BaseException as e:  # handed to the consumer
+            slots.put(e)
+
+    worker = threading.Thread(target=produce, name="batch-prefetch", daemon=True)
+    worker.start()
+    try:
+        while (item := slots.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                slots.get_nowait()
+            except queue.Empty:
+                worker.join(timeout=0.01)

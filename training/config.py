@@ -52,6 +52,9 @@ class TrainerConfig:
     compile: bool = False
     valid_max_sentences: int = 0
     num_threads: int = 0
+    dist_timeout: float = 1800.0
+    tf32: bool = True
+    prefetch: int = 2
 
 
 @dataclass
@@ -94,10 +97,13 @@ class Configs:
         _choice("trainer.precision", t.precision, ("fp32", "bf16", "fp16"))
         _choice("optim.name", o.name, ("adam", "adamw"))
         _choice("optim.schedule", o.schedule, ("inverse_sqrt", "noam"))
-        for key, value in (("trainer.max_tokens", t.max_tokens), ("trainer.update_freq", t.update_freq),
-                           ("trainer.eval_every", t.eval_every), ("trainer.log_every", t.log_every)):
+        for key, value in (("trainer.max_tokens", t.max_tokens),
+                           ("trainer.update_freq", t.update_freq),
+                           ("trainer.eval_every", t.eval_every),
+                           ("trainer.log_every", t.log_every),
+                           ("trainer.dist_timeout", t.dist_timeout)):
             if value < 1:
-                raise ConfigError(f"{key}={value} must be a positive integer")
+                raise ConfigError(f"{key}={value} must be positive")
         if t.max_steps <= 0 and t.max_epochs <= 0:
             raise ConfigError("trainer.max_steps and trainer.max_epochs are both 0: set one of them")
         if self.model.share_embeddings and not self.tokenizer.joint:

@@ -1,15 +1,32 @@
-"""torchrun / DistributedDataParallel plumbing: one process per device, NCCL or gloo."""
+"""torchrun / DistributedDataParallel plumbing: one process per device, NCCL or gloo.
+
+What a rank does, in order (see `training/loop.py::fit`):
+1. `setup()` picks the device and forms the process group, with an explicit collective timeout
+   (`trainer.dist_timeout`) and, on CUDA, `device_id`.
+2. `check_shared_run_dir()`: every rank must see rank 0's run dir (multi-node needs a shared
+   filesystem); otherwise every rank stops with one line instead of diverging.
+3. Rank 0 prepares the data (SentencePiece, encoded caches) while the others wait for a file,
+   not in a collective, so slow preparation can never trip the collective timeout
+   (`wait_for_file`).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import socket
+import time
+import uuid
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from common.errors import UserError
+from common.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +40,7 @@ class DistContext:
     rank: int
     world_size: int
     device: torch.device
+    local_rank: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -33,41 +51,90 @@ class DistContext:
         return self.world_size > 1
 
 
+def is_main_process() -> bool:
+    """Rank 0, or no torchrun at all (readable before the process group exists)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def nvidia_gpu_present() -> bool:
+    """An NVIDIA driver is installed (nvidia-smi on PATH or /dev/nvidia0), whatever torch sees."""
+    return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
+
+
 def pick_device(requested: str, local_rank: int = 0) -> torch.device:
-    """`auto` -> CUDA when present, else CPU; `cuda` without a GPU is an error."""
+    """`auto` -> CUDA when present, else CPU; `cuda` without a GPU is an error.
+
+    A machine with an NVIDIA GPU but a CPU-only torch build would silently train on the CPU,
+    hundreds of times slower: `auto` refuses that; `cpu` asks for it explicitly.
+    """
     if requested not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"trainer.device={requested} is not one of auto|cpu|cuda")
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise DeviceError(
-            "trainer.device=cuda but no CUDA GPU is visible to PyTorch "
-            f"(torch {torch.__version__}); use trainer.device=cpu or auto"
-        )
-    if requested == "cpu" or not torch.cuda.is_available():
+    if requested == "cpu":
         return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if requested == "cuda":
+            raise DeviceError(
+                "trainer.device=cuda but no CUDA GPU is visible to PyTorch "
+                f"(torch {torch.__version__}); use trainer.device=cpu or auto"
+            )
+        if nvidia_gpu_present() and torch.version.cuda is None:
+            raise DeviceError(
+                f"this machine has an NVIDIA GPU but torch {torch.__version__} is a CPU-only "
+                "build; install the CUDA build (`pip install --force-reinstall "
+                f"torch=={torch.__version__.split('+')[0]}` from PyPI; `make venv` does it "
+                "on a machine with the driver), or train on the CPU with trainer.device=cpu"
+            )
+        if nvidia_gpu_present():
+            raise DeviceError(
+                f"this machine has an NVIDIA GPU but torch {torch.__version__} (CUDA "
+                f"{torch.version.cuda}) cannot use it (driver too old, or CUDA_VISIBLE_DEVICES "
+                "hides it: see nvidia-smi); fix that, or train on the CPU with trainer.device=cpu"
+            )
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise DeviceError(
+            f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA device(s) are "
+            "visible; start at most that many processes per node (torchrun --nproc_per_node) "
+            "or check CUDA_VISIBLE_DEVICES"
+        )
     return torch.device("cuda", local_rank)
 
 
-def setup(requested_device: str) -> DistContext:
-    """Initialise the process group when launched by torchrun (WORLD_SIZE > 1)."""
+def setup(requested_device: str, timeout_s: float = 1800.0, tf32: bool = True) -> DistContext:
+    """Pick the device and, under torchrun (WORLD_SIZE > 1), form the process group."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(requested_device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # TF32 tensor cores for fp32 matmuls (Ampere+): ~8x the fp32 rate, 10-bit mantissa.
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        log.info("TF32 for fp32 matmuls: %s (trainer.tf32)", "on" if tf32 else "off")
     if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return DistContext(rank, world_size, device)
+    return DistContext(rank, world_size, device, local_rank)
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
-    """Sum a few scalars over ranks (float64 so token counts stay exact)."""
+    """Sum a few scalars over ranks (float64 so token counts stay exact). One host read."""
     if not ctx.enabled:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_(tensor: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
+    """In-place sum (or max) over ranks, staying on the device: no host read."""
+    if ctx.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return tensor
 
 
 def broadcast_object(obj: object, ctx: DistContext) -> object:
@@ -79,6 +146,15 @@ def broadcast_object(obj: object, ctx: DistContext) -> object:
     return box[0]
 
 
+def gather_objects(obj: object, ctx: DistContext) -> list[object]:
+    """Every rank's `obj`, indexed by rank, on every rank."""
+    if not ctx.enabled:
+        return [obj]
+    out: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.enabled:
         dist.barrier()
@@ -87,3 +163,43 @@ def barrier(ctx: DistContext) -> None:
 def teardown(ctx: DistContext) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def check_shared_run_dir(run_dir: Path, ctx: DistContext) -> None:
+    """Fail on every rank, with one line, unless all ranks use one run dir that all can see.
+
+    Rank 0 writes a fresh token into `run_dir/.launch`; every rank reads it back through its
+    own path. A node with another `hydra.run.dir`, or a node-local disk, would otherwise train
+    on (and resume from) different files.
+    """
+    if not ctx.enabled:
+        return
+    token = f"{uuid.uuid4().hex} {socket.gethostname()}"
+    if ctx.is_main:
+        atomic_write(run_dir / ".launch", token)
+    token, rank0_dir = broadcast_object((token, str(run_dir)), ctx)
+    try:
+        seen = (run_dir / ".launch").read_text(encoding="utf-8")
+    except OSError:
+        seen = ""
+    problems = gather_objects(None if seen == token else socket.gethostname(), ctx)
+    bad = [(rank, host) for rank, host in enumerate(problems) if host is not None]
+    if bad:
+        rank, host = bad[0]
+        raise UserError(
+            f"rank {rank} (host {host}) cannot see rank 0's run dir {rank0_dir}: training on "
+            "several nodes needs one run dir on a filesystem every node shares; pass the same "
+            "hydra.run.dir=/shared/path to every node"
+        )
+
+
+def wait_for_file(path: Path, content: str, poll_s: float = 0.5) -> None:
+    """Block until `path` holds `content` (rank 0's "data prepared" token). No collective, so
+    no timeout: if rank 0 dies, torchrun ends this process."""
+    while True:
+        try:
+            if path.read_text(encoding="utf-8") == content:
+                return
+        except OSError:
+            pass
+        time.sleep(poll_s)

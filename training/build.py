@@ -1,0 +1,127 @@
+"""Build what training needs from the typed config: data, model, optimizer, lr, precision.
+
+Free functions, one per thing (Joey NMT's `builders.py`), so the loop in `loop.py` only runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from common.files import atomic_write
+from data.batching import BatchIterator, TokenBatchSampler, token_lengths
+from data.dataset import encode_split, filter_train_pairs, load_split
+from data.tokenizer import Tokenizer, train_or_load_tokenizer
+from model import Transformer
+from training import distributed
+from training.config import Configs, OptimConfig
+from training.schedule import inverse_sqrt_warmup, noam
+
+if TYPE_CHECKING:
+    import datasets
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Data:
+    """The tokenizer and the splits of one run."""
+
+    tokenizer: Tokenizer
+    train: datasets.Dataset  # encoded: src/tgt text, src_ids/tgt_ids, src_len/tgt_len
+    valid: datasets.Dataset  # encoded
+    test: dict[str, datasets.Dataset]  # raw text (src, tgt) per test split
+
+
+def load_data(cfg: Configs, run_dir: Path) -> Data:
+    """Load and filter the corpus, train (or reuse) SentencePiece, encode (cached on disk).
+
+    The test splits are loaded too, so that a missing one fails before training, not after.
+    """
+    data_cfg = cfg.data
+    train_raw = filter_train_pairs(load_split(data_cfg, data_cfg.train_split), data_cfg)
+    tokenizer = train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir)
+    train = encode_split(train_raw, tokenizer, data_cfg, train=True)
+    valid = encode_split(load_split(data_cfg, data_cfg.valid_split), tokenizer, data_cfg,
+                         train=False)
+    test = {split: load_split(data_cfg, split) for split in data_cfg.test_splits}
+    return Data(tokenizer, train, valid, test)
+
+
+def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Data:
+    """`load_data` on rank 0 first; the other ranks wait for a file, then load its results
+    from the caches. Waiting is not a collective, so however long SentencePiece takes (WMT:
+    many minutes), no collective timeout can fire."""
+    if not ctx.enabled:
+        return load_data(cfg, run_dir)
+    token = distributed.broadcast_object(uuid.uuid4().hex, ctx)
+    ready = run_dir / ".data_ready"
+    if ctx.is_main:
+        data = load_data(cfg, run_dir)
+        atomic_write(ready, token)
+        return data
+    log.info("waiting for rank 0 to prepare the data")
+    distributed.wait_for_file(ready, token)
+    return load_data(cfg, run_dir)
+
+
+def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:
+    """Token-budget training batches of this rank, shuffled per epoch."""
+    trainer = cfg.trainer
+    sampler = TokenBatchSampler(*token_lengths(data.train), trainer.max_tokens, seed=trainer.seed,
+                                shuffle=True, rank=ctx.rank, world_size=ctx.world_size)
+    waste = sampler.padding_stats().get("waste", 0.0)
+    log.info("train: %d pairs, %d batches/epoch/rank, padding waste %.1f%%",
+             len(data.train), len(sampler), 100 * waste)
+    return BatchIterator(data.train, data.tokenizer.special, sampler)
+
+
+def valid_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:
+    """This rank's share of the validation pairs, in length order."""
+    sampler = TokenBatchSampler(*token_lengths(data.valid), cfg.trainer.max_tokens, shuffle=False,
+                                rank=ctx.rank, world_size=ctx.world_size)
+    return BatchIterator(data.valid, data.tokenizer.special, sampler)
+
+
+def build_model(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Transformer:
+    """The Transformer of `cfg.model`, sized to the tokenizer's vocabularies, on `device`."""
+    special = tokenizer.special
+    model_cfg = replace(cfg.model, src_vocab_size=tokenizer.src_vocab_size,
+                        tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=special.pad)
+    model = Transformer(model_cfg).to(device)
+    log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
+    return model
+
+
+def build_optimizer(optim: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Adam or AdamW. Fused (one kernel for all tensors; its step counters stay on the device,
+    so an update reads nothing back to the host) on CUDA and CPU."""
+    cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
+    return cls(model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps,
+               weight_decay=optim.weight_decay, fused=True)
+
+
+def learning_rate(step: int, optim: OptimConfig, d_model: int) -> float:
+    """The scheduled lr of update `step` (counted from 1)."""
+    if optim.schedule == "noam":
+        return noam(step, d_model, optim.warmup_steps, optim.noam_factor)
+    return inverse_sqrt_warmup(step, optim.lr, optim.warmup_steps)
+
+
+def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """Loss scaling for fp16 (a no-op object otherwise)."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def autocast(precision: str, device: torch.device) -> AbstractContextManager:
+    """fp32: nothing; bf16/fp16: `torch.autocast` (matmuls in half precision, reductions fp32)."""
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)

@@ -1,0 +1,91 @@
+"""The run dir: where it is under torchrun, and one live run per run dir (a lock).
+
+Under torchrun every rank must agree on the run dir without talking to the others, and an
+elastic restart must find it again to resume. Hydra's default, a timestamp, gives neither, so
+a torchrun launch without `hydra.run.dir` uses `outputs/torchrun/<rendezvous id>`: the same for
+all ranks and all restarts of one launch.
+
+The lock is `flock` on `<run dir>/.lock`, which the kernel releases when its holder exits in
+any way (SIGKILL included): a stale lock of a dead run is simply taken over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from common.errors import UserError
+
+LOCK_NAME = ".lock"
+
+
+class RunDirBusy(UserError):
+    """Another live run holds this run dir."""
+
+
+class RunDirLock:
+    """Exclusive, non-blocking lock of a run dir for the life of this process (or `release`).
+
+    Raises:
+        RunDirBusy: another live process holds it; the message names its PID.
+    """
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / LOCK_NAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_pid(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            raise RunDirBusy(
+                f"run dir {self.path.parent} is in use by a live run (PID {holder}); wait for it "
+                "to finish, stop it, or choose another hydra.run.dir"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.write(self._fd, f"{os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> RunDirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def check_run_dir_free(run_dir: str | Path) -> None:
+    """Raise `RunDirBusy` if a live run holds `run_dir` (a check that takes nothing)."""
+    if (Path(run_dir) / LOCK_NAME).exists():
+        RunDirLock(run_dir).release()
+
+
+def _read_pid(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+
+
+def torchrun_run_dir() -> str:
+    """The default run dir of a torchrun launch: `outputs/torchrun/<id>`.
+
+    `<id>` is the rendezvous id (`--rdzv-id`; a fresh UUID per launch with `--standalone`),
+    else, on one node, the launcher's PID (the parent of every worker, kept across restarts).
+
+    Raises:
+        UserError: a multi-node launch with neither `--rdzv-id` nor `hydra.run.dir`.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id in ("", "none"):
+        if os.environ.get("WORLD_SIZE") != os.environ.get("LOCAL_WORLD_SIZE"):
+            raise UserError(
+                "training on several nodes needs one run dir that every node shares: pass "
+                "hydra.run.dir=/shared/path (the same on every node)"
+            )
+        run_id = f"agent{os.getppid()}"
+    return f"outputs/torchrun/{run_id}"

@@ -1,0 +1,138 @@
+"""What a resumed run needs besides the weights: progress, optimizer, loss scale, every rank's
+random state; saved into `checkpoints/last.pt` (and `best.pt`, `step_<N>.pt` for inference).
+
+Resume is exact: a run stopped after update k and restarted equals one that never stopped, bit
+for bit on the CPU, also under DDP, as long as the world size is the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decoding.checkpoint import (
+    CheckpointError,
+    keep_newest_step_checkpoints,
+    load_checkpoint,
+    model_payload,
+    save_checkpoint,
+)
+from training import distributed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainState:
+    """Progress; identical on every rank."""
+
+    step: int = 0  # optimizer updates done
+    epoch: int = 0  # current epoch, from 0
+    batches_done: int = 0  # batches of the current epoch already consumed by each rank
+    best_bleu: float = -1.0
+    best_step: int = 0
+    best_valid: dict[str, float] = field(default_factory=dict)
+    bad_evals: int = 0  # validations since BLEU last improved (early stopping)
+    nonfinite_streak: int = 0
+    nonfinite_total: int = 0
+    train_seconds: float = 0.0
+    world_size: int = 1  # ranks that trained it (the data order and RNG streams depend on it)
+
+
+@dataclass
+class Trainee:
+    """The objects that training changes and a checkpoint restores."""
+
+    model: torch.nn.Module  # the plain model (not the DDP or compiled wrapper)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    state: TrainState
+
+
+def save(trainee: Trainee, tokenizer, config: dict, ckpt_dir: Path, keep_last: int,
+         ctx: distributed.DistContext, is_best: bool = False) -> None:
+    """Write `last.pt` (+ `best.pt`, + `step_<N>.pt` keeping `keep_last`). Call on every rank:
+    each contributes its random state; rank 0 writes."""
+    rngs = distributed.gather_objects(rng_state(), ctx)
+    if not ctx.is_main:
+        return
+    state = asdict(trainee.state)
+    base = {**model_payload(trainee.model, tokenizer), "train_state": state}
+    save_checkpoint(ckpt_dir / "last.pt", {
+        **base, "optimizer": trainee.optimizer.state_dict(), "scaler": trainee.scaler.state_dict(),
+        "rng": rngs, "config": config})
+    if is_best:
+        save_checkpoint(ckpt_dir / "best.pt", {**base, "config": config})
+    if keep_last > 0:
+        save_checkpoint(ckpt_dir / f"step_{trainee.state.step}.pt", base)
+        keep_newest_step_checkpoints(ckpt_dir, keep_last)
+
+
+def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
+    """Restore everything from `last` if it exists (every rank reads it); False otherwise.
+
+    Call before wrapping the model in DDP. Tensors load onto the CPU first: the optimizer moves
+    its state next to the parameters itself, except Adam's step counters, which a non-fused
+    Adam keeps on the CPU (on the GPU each would cost a host sync per update).
+    """
+    if not last.is_file():
+        return False
+    ckpt = load_checkpoint(last, map_location="cpu")
+    model = trainee.model
+    if ckpt["model_config"] != asdict(model.cfg):
+        raise CheckpointError(
+            f"{last} was trained with a different model config; resume with the same "
+            "config or start a new run dir (hydra.run.dir=...)"
+        )
+    model.load_state_dict(ckpt["model"])
+    trainee.optimizer.load_state_dict(ckpt["optimizer"])
+    if trainee.scaler.is_enabled() and not ckpt["scaler"]:
+        log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
+    elif trainee.scaler.is_enabled():
+        trainee.scaler.load_state_dict(ckpt["scaler"])
+    trainee.state = TrainState(**{"world_size": 1, **ckpt["train_state"]})
+    saved_world = trainee.state.world_size
+    rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
+    if len(rngs) == ctx.world_size:
+        set_rng_state(rngs[ctx.rank], ctx.device)
+    else:
+        log.warning("%s was saved by %d ranks, this run has %d: data order and dropout streams "
+                    "differ from an uninterrupted run", last, len(rngs), ctx.world_size)
+        seed_everything(trainee.state.step * 7919 + ctx.rank)
+    trainee.state.world_size = ctx.world_size
+    if ctx.is_main:
+        log.info("resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))", last,
+                 trainee.state.step, trainee.state.epoch, trainee.state.batches_done, saved_world)
+    return True
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random state: torch CPU, Python, and CUDA of the current device only."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"torch": torch.get_rng_state(),
+                             "python": [version, list(internal), gauss]}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and device.type == "cuda":
+        cuda = state["cuda"]
+        if isinstance(cuda, list):  # older checkpoints held every device's state
+            cuda = cuda[device.index or 0] if len(cuda) > (device.index or 0) else None
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda.cpu(), device)
