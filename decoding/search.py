@@ -33,7 +33,7 @@ from typing import Literal, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from model.attention import KVCache, padding_mask
+from model.attention import padding_mask
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,11 @@ class SpecialTokens(Protocol):
 
 
 class Seq2SeqModel(Protocol):
-    """What search needs from a model (`model.Transformer` satisfies it)."""
+    """What search needs from a model (`model.Transformer` satisfies it).
+
+    `new_caches` returns `model.attention.KVCache`s (or subclasses): search keeps their rows in
+    step with the beams through `reorder` and the `self_k`/`self_v` fields.
+    """
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
 
@@ -200,12 +204,9 @@ def _reorder_beams(caches: list, rows: Tensor) -> None:
     all beams of a sentence, so copying them would be wasted work.
     """
     for cache in caches:
-        if type(cache) is KVCache:
-            if cache.self_k is not None:
-                cache.self_k = cache.self_k.index_select(0, rows)  # (N, H, t, Dh)
-                cache.self_v = cache.self_v.index_select(0, rows)
-        else:  # another cache type (e.g. a test double): let it move everything
-            cache.reorder(rows)
+        if cache.self_k is not None:
+            cache.self_k = cache.self_k.index_select(0, rows)  # (N, H, t, Dh)
+            cache.self_v = cache.self_v.index_select(0, rows)
 
 
 # ---------------------------------------------------------------------------- greedy search
