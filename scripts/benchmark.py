@@ -73,7 +73,7 @@ from bench_model import PeerModel, load_preset  # noqa: E402
 
 from data.batching import Batch, collate  # noqa: E402
 from data.tokenizer import SpecialIds  # noqa: E402
-from decoding.search import SearchResult, beam_search, greedy_search  # noqa: E402
+from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search  # noqa: E402
 from model import ModelConfig, Transformer, sinusoid_table  # noqa: E402
 from training.loss import label_smoothed_cross_entropy  # noqa: E402
 
@@ -548,11 +548,9 @@ class FixedLengthModel:
 
 def decode_ours(model: Transformer, src: Tensor, beam: int, length: int) -> list[list[int]]:
     wrapped = FixedLengthModel(model, length)
-    kwargs = {"max_len_a": 0.0, "max_len_b": length, "length_penalty": 1.0}
-    if beam == 1:
-        result: SearchResult = greedy_search(wrapped, src, SPECIAL, **kwargs)
-    else:
-        result = beam_search(wrapped, src, SPECIAL, beam_size=beam, **kwargs)
+    cfg = SearchConfig(beam_size=beam, max_len_a=0.0, max_len_b=length, length_penalty=1.0)
+    search = greedy_search if beam == 1 else beam_search
+    result: SearchResult = search(wrapped, src, SPECIAL, cfg)
     return result.best_tokens()
 
 

@@ -24,7 +24,7 @@ from helpers_decoding import (
     tiny_transformer,
 )
 
-from decoding import beam_search, greedy_search
+from decoding import SearchConfig, beam_search, greedy_search
 from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.uncached import UncachedModel
 
@@ -117,9 +117,9 @@ def test_no_cache_model_gives_the_cached_tokens(beam: int) -> None:
     tiny = tiny_transformer(seed=3)
     src_ids = random_sources([4, 12, 7, 2], seed=9)
     search = greedy_search if beam == 1 else beam_search
-    kwargs = {} if beam == 1 else {"beam_size": beam, "nbest": beam}
-    cached = search(tiny, src_ids, SPECIAL, **kwargs).hypotheses
-    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, **kwargs).hypotheses
+    cfg = SearchConfig(beam_size=beam, nbest=beam)
+    cached = search(tiny, src_ids, SPECIAL, cfg).hypotheses
+    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, cfg).hypotheses
     assert [[h.tokens for h in nbest] for nbest in uncached] == [
         [h.tokens for h in nbest] for nbest in cached
     ]
