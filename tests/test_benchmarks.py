@@ -45,7 +45,7 @@ benchmark = load_script("benchmark")
 bench_translate = load_script("bench_translate")
 
 TINY_FLAGS = [
-    "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96", "--max-len", "6",
+    "--device", "cpu", "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96", "--max-len", "6",
     "--decode-batch", "2", "--decode-len", "3", "--warmup", "1", "--repeats", "1",
 ]  # fmt: skip
 
