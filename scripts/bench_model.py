@@ -150,7 +150,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     parser.add_argument("--preset-dropouts", action="store_true",
-                        help="keep the preset's attn/act dropout instead of matching nn.Transformer")  # fmt: skip
+                        help="keep the preset's attn/act dropout instead of matching "
+                        "nn.Transformer")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="profile one step of each model")
@@ -179,7 +180,8 @@ def main() -> None:
     tokens = B * L * 2  # source + target tokens per step
 
     print(
-        f"preset={args.preset} ({source}) d_model={cfg.d_model} heads={cfg.n_heads} d_ff={cfg.d_ff} "
+        f"preset={args.preset} ({source}) d_model={cfg.d_model} heads={cfg.n_heads} "
+        f"d_ff={cfg.d_ff} "
         f"layers={cfg.n_encoder_layers}+{cfg.n_decoder_layers} dropout={cfg.dropout} "
         f"attn/act dropout={cfg.attn_dropout}/{cfg.act_dropout} vocab={args.vocab} shared+tied"
     )
@@ -202,13 +204,15 @@ def main() -> None:
 
     results = {}
     print(
-        f"\n{'model':<16}{'params':>12}{'median ms':>12}{'min ms':>10}{'max ms':>10}{'tokens/s':>12}"
+        f"\n{'model':<16}{'params':>12}{'median ms':>12}{'min ms':>10}{'max ms':>10}"
+        f"{'tokens/s':>12}"
     )
     for name, model in models.items():
         median = statistics.median(times[name])
         n_params = sum(p.numel() for p in model.parameters())
         results[name] = {
-            "params": n_params, "times_s": times[name], "median_s": median, "tokens_per_s": tokens / median,
+            "params": n_params, "times_s": times[name], "median_s": median,
+            "tokens_per_s": tokens / median,
         }  # fmt: skip
         print(
             f"{name:<16}{n_params:>12,}{median * 1e3:>12.1f}{min(times[name]) * 1e3:>10.1f}"

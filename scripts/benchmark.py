@@ -32,8 +32,8 @@ What is timed (each model gets the same random batch, the same precision, the sa
   matmuls (2 x q_len x k_len x d_model per layer and sentence), all on non-pad tokens.
 
 Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
-so that machine noise hits every model alike; medians are reported and the ratio ours/peer is printed last
-for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as the trainer
+so that machine noise hits every model alike; medians are reported and the ratio ours/peer is
+printed last for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as the trainer
 does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are uniform in
 [max_len/2, max_len] on each side.
 
