@@ -9,14 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers_decoding import (
-    SPECIAL,
-    ScriptedModel,
-    UncachedModel,
-    random_sources,
-    single_thread,
-    tiny_transformer,
-)
 
 from decoding.search import (
     SearchConfig,
@@ -24,6 +16,14 @@ from decoding.search import (
     greedy_search,
     length_penalty_divisor,
     max_lengths,
+)
+from tests.helpers_decoding import (
+    SEARCH_MODEL,
+    SPECIAL,
+    ScriptedModel,
+    UncachedModel,
+    random_sources,
+    single_thread,
 )
 
 PAD, BOS, EOS, A, B, C = SPECIAL.pad, SPECIAL.bos, SPECIAL.eos, 4, 5, 6
@@ -42,8 +42,8 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def tiny() -> torch.nn.Module:
-    return tiny_transformer()
+def tiny(tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    return tiny_model(seed=0, **SEARCH_MODEL)
 
 
 # --------------------------------------------------------------------------- scripted model

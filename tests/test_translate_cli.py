@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_decoding import PAIRS, single_thread, tiny_tokenizer, tiny_transformer
 
 import translate
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
 from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.plot import heatmap_image, heatmap_tensor
+from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # tiny ops: 1 thread
@@ -42,8 +42,8 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
 
 
 @pytest.fixture(scope="session")
-def model(tokenizer: Tokenizer) -> torch.nn.Module:
-    return tiny_transformer(vocab_size=tokenizer.src_vocab_size, seed=2)
+def model(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    return tiny_model(vocab_size=tokenizer.src_vocab_size, seed=2, **SEARCH_MODEL)
 
 
 @pytest.fixture(scope="session")
