@@ -1,20 +1,30 @@
-"""Inference: greedy/beam search on the KV cache (`search`), text in/out (`translator`).
+"""Inference: greedy/beam search on the KV cache (`search`), text in/out (`translator`), the
+decoding options (`config`), the checkpoint format (`checkpoint`) and the `translate.py`
+command line (`cli`).
 
-Attention heatmaps live in `decoding.plot` (imported on demand: it pulls in matplotlib).
+The names below are imported on first use, so that `decoding.config` and `decoding.cli` load
+without torch. Attention heatmaps live in `decoding.plot` (it pulls in matplotlib).
 """
 
-from decoding.search import (
-    Hypothesis,
-    SearchConfig,
-    SearchResult,
-    beam_search,
-    greedy_search,
-    length_penalty_divisor,
-    max_lengths,
-)
-from decoding.translator import SentenceAttention, TextHypothesis, Translator
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOME = {
+    "SearchConfig": "decoding.config",
+    "Hypothesis": "decoding.search",
+    "SearchResult": "decoding.search",
+    "beam_search": "decoding.search",
+    "greedy_search": "decoding.search",
+    "length_penalty_divisor": "decoding.search",
+    "max_lengths": "decoding.search",
+    "SentenceAttention": "decoding.translator",
+    "TextHypothesis": "decoding.translator",
+    "Translator": "decoding.translator",
+}
+
+__all__ = [  # the keys of _HOME
     "Hypothesis",
     "SearchConfig",
     "SearchResult",
@@ -26,3 +36,21 @@ __all__ = [
     "length_penalty_divisor",
     "max_lengths",
 ]
+
+if TYPE_CHECKING:
+    from decoding.config import SearchConfig
+    from decoding.search import (
+        Hypothesis,
+        SearchResult,
+        beam_search,
+        greedy_search,
+        length_penalty_divisor,
+        max_lengths,
+    )
+    from decoding.translator import SentenceAttention, TextHypothesis, Translator
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'decoding' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)

@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-from model.attention import KVCache, padding_mask
+from decoding.config import LP_TYPES, LengthPenaltyType, SearchConfig
+from model.attention import padding_mask
 
 logger = logging.getLogger(__name__)
-
-LengthPenaltyType = Literal["fairseq", "gnmt"]
 
 
 class SpecialTokens(Protocol):
@@ -49,7 +48,11 @@ class SpecialTokens(Protocol):
 
 
 class Seq2SeqModel(Protocol):
-    """What search needs from a model (`model.Transformer` satisfies it)."""
+    """What search needs from a model (`model.Transformer` satisfies it).
+
+    `new_caches` returns `model.attention.KVCache`s (or subclasses): search keeps their rows in
+    step with the beams through `reorder` and the `self_k`/`self_v` fields.
+    """
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
 
@@ -58,35 +61,6 @@ class Seq2SeqModel(Protocol):
     ) -> Tensor: ...
 
     def new_caches(self) -> list: ...
-
-
-@dataclass
-class SearchConfig:
-    """Decoding options; `conf/decoding/*.yaml` and the `translate.py` flags hold the values.
-
-    Defaults follow fairseq's usual WMT settings (`--beam 5 --lenpen 1 --max-len-a 1.2
-    --max-len-b 10`).
-    """
-
-    beam_size: int = 5  # 1 = greedy search
-    length_penalty: float = 1.0  # alpha; 0 ranks by raw log-probability
-    lp_type: LengthPenaltyType = "fairseq"  # "fairseq": len**alpha, "gnmt": ((5+len)/6)**alpha
-    max_len_a: float = 1.2  # max output tokens = int(a * src_len + b), per sentence
-    max_len_b: int = 10
-    nbest: int = 1  # hypotheses returned per sentence (<= beam_size)
-    batch_size: int = 64  # sentences per search batch (Translator)
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
-        if not 1 <= self.nbest <= self.beam_size:
-            raise ValueError(f"nbest must be in 1..beam_size={self.beam_size}, got {self.nbest}")
-        if self.lp_type not in ("fairseq", "gnmt"):
-            raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {self.lp_type!r}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise ValueError("max_len_a and max_len_b must be >= 0")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 class Hypothesis(NamedTuple):
@@ -116,7 +90,7 @@ def length_penalty_divisor(
         return length**alpha  # fairseq: score / len ** lenpen
     if lp_type == "gnmt":
         return ((5 + length) / 6) ** alpha  # GNMT length penalty: ((5 + len) / 6) ** alpha
-    raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {lp_type!r}")
+    raise ValueError(f"lp_type must be one of {', '.join(LP_TYPES)}, got {lp_type!r}")
 
 
 def max_lengths(
@@ -143,12 +117,12 @@ class _Batch(NamedTuple):
 
 
 def _start(
-    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, max_len_a: float, max_len_b: int
+    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, cfg: SearchConfig
 ) -> _Batch:
     """Encode once; one row per sentence."""
     src_mask = padding_mask(src_ids, special.pad)  # (B, S)
     memory = model.encode(src_ids, src_mask)  # (B, S, D)
-    max_len = max_lengths(src_ids, special, max_len_a, max_len_b)  # (B,)
+    max_len = max_lengths(src_ids, special, cfg.max_len_a, cfg.max_len_b)  # (B,)
     return _Batch(memory, src_mask, max_len, model.new_caches())
 
 
@@ -200,12 +174,9 @@ def _reorder_beams(caches: list, rows: Tensor) -> None:
     all beams of a sentence, so copying them would be wasted work.
     """
     for cache in caches:
-        if type(cache) is KVCache:
-            if cache.self_k is not None:
-                cache.self_k = cache.self_k.index_select(0, rows)  # (N, H, t, Dh)
-                cache.self_v = cache.self_v.index_select(0, rows)
-        else:  # another cache type (e.g. a test double): let it move everything
-            cache.reorder(rows)
+        if cache.self_k is not None:
+            cache.self_k = cache.self_k.index_select(0, rows)  # (N, H, t, Dh)
+            cache.self_v = cache.self_v.index_select(0, rows)
 
 
 # ---------------------------------------------------------------------------- greedy search
@@ -213,13 +184,7 @@ def _reorder_beams(caches: list, rows: Tensor) -> None:
 
 @torch.inference_mode()
 def greedy_search(
-    model: Seq2SeqModel,
-    src_ids: Tensor,
-    special: SpecialTokens,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    length_penalty: float = 1.0,
-    lp_type: LengthPenaltyType = "fairseq",
+    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, cfg: SearchConfig
 ) -> SearchResult:
     """Pick the most probable token at every step (equals `beam_search` with beam 1).
 
@@ -227,15 +192,14 @@ def greedy_search(
         model: an encoder-decoder with `encode`, `decode(..., caches, offset)`, `new_caches`.
         src_ids: source ids, each row ending in EOS, right-padded with pad.
         special: pad/bos/eos ids.
-        max_len_a, max_len_b: output budget `int(a * src_len + b)` per sentence.
-        length_penalty, lp_type: alpha and formula of the reported `score` (greedy choices ignore
-            them).
+        cfg: `max_len_a`, `max_len_b` (output budget per sentence), and `length_penalty`,
+            `lp_type` (the reported `score`; greedy choices ignore them). `beam_size` and
+            `nbest` are not used: greedy keeps one hypothesis.
 
     Shape:
         src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
     """
-    length_penalty_divisor(1, length_penalty, lp_type)  # fail fast on an unknown lp_type
-    batch = _start(model, src_ids, special, max_len_a, max_len_b)
+    batch = _start(model, src_ids, special, cfg)
     B, device = src_ids.size(0), src_ids.device
     sent_ids = torch.arange(B)  # (N,) on the CPU: input index of each live row
     tokens = torch.full((B, 1), special.bos, dtype=torch.long, device=device)  # (N, t + 1)
@@ -250,7 +214,7 @@ def greedy_search(
         done = token.squeeze(1).eq(special.eos).cpu()  # (N,) EOS is forced at max_len
         if not done.any():
             continue
-        penalty = length_penalty_divisor(step, length_penalty, lp_type)
+        penalty = length_penalty_divisor(step, cfg.length_penalty, cfg.lp_type)
         finished_rows = done.nonzero().squeeze(1).to(device)  # (F,)
         prefixes = tokens.index_select(0, finished_rows)[:, 1:-1].tolist()  # no bos, no eos
         totals = sums.index_select(0, finished_rows).squeeze(1).tolist()
@@ -290,15 +254,7 @@ class _Candidates(NamedTuple):
 
 @torch.inference_mode()
 def beam_search(
-    model: Seq2SeqModel,
-    src_ids: Tensor,
-    special: SpecialTokens,
-    beam_size: int = 5,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    nbest: int = 1,
-    lp_type: LengthPenaltyType = "fairseq",
+    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, cfg: SearchConfig
 ) -> SearchResult:
     """Batched beam search with fairseq's 2K-candidate EOS handling (see the module docstring).
 
@@ -306,19 +262,16 @@ def beam_search(
         model: an encoder-decoder with `encode`, `decode(..., caches, offset)`, `new_caches`.
         src_ids: source ids, each row ending in EOS, right-padded with pad.
         special: pad/bos/eos ids.
-        beam_size: K hypotheses kept per sentence.
-        length_penalty: alpha of the length penalty (0 = raw log-probability).
-        max_len_a, max_len_b: output budget `int(a * src_len + b)` per sentence.
-        nbest: hypotheses returned per sentence, best (highest `score`) first; <= beam_size.
-        lp_type: "fairseq" (`len ** alpha`, default) or "gnmt" (`((5 + len) / 6) ** alpha`).
+        cfg: `beam_size` (K hypotheses kept per sentence), `length_penalty` and `lp_type`
+            (alpha and formula of the score), `max_len_a`, `max_len_b` (output budget
+            `int(a * src_len + b)` per sentence), `nbest` (hypotheses returned per sentence,
+            best first).
 
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
     """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest must be in 1..beam_size={beam_size}, got {nbest}")
-    length_penalty_divisor(1, length_penalty, lp_type)  # fail fast on an unknown lp_type
-    batch = _start(model, src_ids, special, max_len_a, max_len_b)
+    beam_size = cfg.beam_size
+    batch = _start(model, src_ids, special, cfg)
     B, device = src_ids.size(0), src_ids.device
     beams = _Beams(
         sent_ids=torch.arange(B),
@@ -340,11 +293,11 @@ def beam_search(
         done = beams.n_finished.ge(beam_size) | beams.max_len.lt(step)  # (B,)
         flags = torch.cat([accept, done.unsqueeze(1)], dim=1).cpu()  # (B, K + 1): one sync
         if flags[:, :-1].any():
-            penalty = length_penalty_divisor(step, length_penalty, lp_type)
+            penalty = length_penalty_divisor(step, cfg.length_penalty, cfg.lp_type)
             _finalize(finished, beams, cands, flags[:, :-1], penalty)
         batch, beams = _advance(batch, beams, cands, flags[:, -1], beam_size, special.eos)
     logger.debug("beam search: %d sentences, beam %d, %d steps", B, beam_size, step)
-    return SearchResult([_nbest(hyps, nbest) for hyps in finished])
+    return SearchResult([_nbest(hyps, cfg.nbest) for hyps in finished])
 
 
 def _top_candidates(lprobs: Tensor, tokens: Tensor, scores: Tensor, beam_size: int) -> _Candidates:

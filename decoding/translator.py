@@ -129,28 +129,8 @@ class Translator:
     def _search(self, batch: list[list[int]]) -> list[list[Hypothesis]]:
         cfg = self.search_cfg
         src = encode_source_batch(batch, self.tokenizer.special).to(self.device)  # (B, S)
-        if cfg.beam_size == 1:
-            result = greedy_search(
-                self.model,
-                src,
-                self.tokenizer.special,
-                max_len_a=cfg.max_len_a,
-                max_len_b=cfg.max_len_b,
-                length_penalty=cfg.length_penalty,
-                lp_type=cfg.lp_type,
-            )
-        else:
-            result = beam_search(
-                self.model,
-                src,
-                self.tokenizer.special,
-                beam_size=cfg.beam_size,
-                length_penalty=cfg.length_penalty,
-                max_len_a=cfg.max_len_a,
-                max_len_b=cfg.max_len_b,
-                nbest=cfg.nbest,
-                lp_type=cfg.lp_type,
-            )
+        search = greedy_search if cfg.beam_size == 1 else beam_search
+        result = search(self.model, src, self.tokenizer.special, cfg)
         return result.hypotheses
 
     @contextmanager

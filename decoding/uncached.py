@@ -3,28 +3,23 @@ the decoder over the whole target prefix. For verifying cached decoding and for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor, nn
 
-from model import Transformer
+from model import KVCache, Transformer
 
 
-@dataclass
-class PrefixCache:
-    """Not a KV cache: the target prefix so far (N, t), re-ordered along with the beams."""
-
-    prefix: Tensor | None = None
-
-    def reorder(self, index: Tensor) -> None:
-        if self.prefix is not None:
-            self.prefix = self.prefix.index_select(0, index)
+class PrefixCache(KVCache):
+    """Not a KV cache: the target prefix so far, kept where a `KVCache` keeps self-attention
+    keys, as `self_k` (N, 1, t, 1) (`self_v` the same), so that search moves it with the beams
+    exactly as it moves real self-attention keys and values."""
 
     def append(self, tgt_ids: Tensor) -> Tensor:
         """Add the new tokens (N, T); return the whole prefix (N, t + T)."""
-        self.prefix = tgt_ids if self.prefix is None else torch.cat([self.prefix, tgt_ids], 1)
-        return self.prefix
+        new = tgt_ids[:, None, :, None]  # (N, 1, T, 1)
+        self.self_k = new if self.self_k is None else torch.cat([self.self_k, new], dim=2)
+        self.self_v = self.self_k
+        return self.self_k[:, 0, :, 0]
 
 
 class UncachedModel(nn.Module):

@@ -15,7 +15,6 @@ resuming training. Written atomically, loaded safely (`weights_only=True`).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,28 +23,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import torch  # noqa: E402
 
-from decoding.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
+from decoding.checkpoint import (  # noqa: E402
+    CheckpointError,
+    load_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+)
 
 PROG = "average_checkpoints.py"
-_STEP_FILE = re.compile(r"step_(\d+)\.pt")
-# What survives averaging: everything translate.py needs, plus harmless metadata.
-_KEEP = ("format_version", "model_config", "tokenizer", "step", "config")
+# What survives averaging: everything translate.py needs, plus harmless metadata (the last
+# input's train_state says which step the average ends at).
+_KEEP = ("format_version", "model_config", "tokenizer", "train_state", "config")
 
 
 def last_step_checkpoints(run_dir: Path, k: int) -> list[Path]:
     """The `k` newest `run_dir/checkpoints/step_<N>.pt`, oldest first (ordered by N)."""
     folder = run_dir / "checkpoints"
-    steps = sorted(
-        (int(match.group(1)), path)
-        for path in folder.glob("step_*.pt")
-        if (match := _STEP_FILE.fullmatch(path.name))
-    )
+    steps = step_checkpoints(folder)
     if len(steps) < k:
         raise CheckpointError(
             f"--last {k} needs {k} step checkpoints but {folder} has {len(steps)}; "
             "lower --last or pass files with --inputs"
         )
-    return [path for _, path in steps[-k:]]
+    return steps[-k:]
 
 
 def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -42,33 +42,24 @@ from model import ModelConfig, SinusoidalPositionalEncoding, Transformer  # noqa
 
 PAD = 0
 
-# Used only when conf/model/<preset>.yaml is missing; the YAML files are the source of truth.
-FALLBACK_PRESETS = {
-    "tiny": dict(
-        d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3, dropout=0.1
-    ),
-    "small": dict(
-        d_model=512, n_heads=4, d_ff=1024, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3
-    ),
-    "base": dict(
-        d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6, dropout=0.1
-    ),
-    "big": dict(
-        d_model=1024, n_heads=16, d_ff=4096, n_encoder_layers=6, n_decoder_layers=6, dropout=0.3
-    ),
-}
+PRESETS = ROOT / "conf" / "model"  # the model presets' one source: conf/model/<name>.yaml
+
+
+def preset_names() -> list[str]:
+    """The presets in conf/model/ (tiny, small, base, big, ...)."""
+    return sorted(path.stem for path in PRESETS.glob("*.yaml"))
 
 
 def load_preset(name: str) -> tuple[dict, str]:
-    """ModelConfig fields of a preset, and where they came from."""
-    path = ROOT / "conf" / "model" / f"{name}.yaml"
-    if path.exists():
-        import yaml  # installed with hydra-core
+    """ModelConfig fields of conf/model/<name>.yaml, and that path (relative to the repo)."""
+    import yaml  # installed with hydra-core
 
-        fields = {f.name for f in dataclasses.fields(ModelConfig)}
-        raw = yaml.safe_load(path.read_text()) or {}
-        return {k: v for k, v in raw.items() if k in fields}, str(path.relative_to(ROOT))
-    return dict(FALLBACK_PRESETS[name]), "built-in fallback"
+    path = PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no model preset {path}; choose one of {', '.join(preset_names())}")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {k: v for k, v in raw.items() if k in fields}, str(path.relative_to(ROOT))
 
 
 class PeerModel(nn.Module):
@@ -150,7 +141,7 @@ def profile(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=["tiny", "small", "base", "big"], default="small")
+    parser.add_argument("--preset", choices=preset_names(), default="small")
     parser.add_argument("--batch", type=int, default=64, help="sentence pairs per batch")
     parser.add_argument("--len", type=int, default=30, help="source and target tokens per sentence")
     parser.add_argument("--vocab", type=int, default=8000, help="shared vocabulary size")
@@ -159,7 +150,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     parser.add_argument("--preset-dropouts", action="store_true",
-                        help="keep the preset's attn/act dropout instead of matching nn.Transformer")  # fmt: skip
+                        help="keep the preset's attn/act dropout instead of matching "
+                        "nn.Transformer")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="profile one step of each model")
@@ -188,7 +180,8 @@ def main() -> None:
     tokens = B * L * 2  # source + target tokens per step
 
     print(
-        f"preset={args.preset} ({source}) d_model={cfg.d_model} heads={cfg.n_heads} d_ff={cfg.d_ff} "
+        f"preset={args.preset} ({source}) d_model={cfg.d_model} heads={cfg.n_heads} "
+        f"d_ff={cfg.d_ff} "
         f"layers={cfg.n_encoder_layers}+{cfg.n_decoder_layers} dropout={cfg.dropout} "
         f"attn/act dropout={cfg.attn_dropout}/{cfg.act_dropout} vocab={args.vocab} shared+tied"
     )
@@ -211,13 +204,15 @@ def main() -> None:
 
     results = {}
     print(
-        f"\n{'model':<16}{'params':>12}{'median ms':>12}{'min ms':>10}{'max ms':>10}{'tokens/s':>12}"
+        f"\n{'model':<16}{'params':>12}{'median ms':>12}{'min ms':>10}{'max ms':>10}"
+        f"{'tokens/s':>12}"
     )
     for name, model in models.items():
         median = statistics.median(times[name])
         n_params = sum(p.numel() for p in model.parameters())
         results[name] = {
-            "params": n_params, "times_s": times[name], "median_s": median, "tokens_per_s": tokens / median,
+            "params": n_params, "times_s": times[name], "median_s": median,
+            "tokens_per_s": tokens / median,
         }  # fmt: skip
         print(
             f"{name:<16}{n_params:>12,}{median * 1e3:>12.1f}{min(times[name]) * 1e3:>10.1f}"

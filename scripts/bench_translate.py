@@ -7,8 +7,8 @@ In one run:
       `SearchConfig` length limits and length penalty);
   (b) translation speed, sentences/s and target tokens/s (generated tokens + EOS), for greedy
       and beam 5 at batch sizes 1 and 64, for the model WITH its KV cache and the same model
-      WITHOUT it (`decoding.uncached.UncachedModel`: every step runs the decoder over the whole target prefix;
-      only the last position goes through the output layer). Both must produce the same
+      WITHOUT it (`decoding.uncached.UncachedModel`: every step runs the decoder over the whole
+      target prefix; only the last position goes through the output layer). Both must produce the same
       tokens; this is checked on every sentence (exit status 1 if not). Speed uses the first N
       sentences (`--limit-speed`: no-cache beam search at batch 1 is slow), text in, text out
       (SentencePiece included), warm-up first, then repeats interleaved (cache, no cache, ...)
@@ -38,17 +38,12 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common.errors import UserError  # noqa: E402
+from common.files import read_lines  # noqa: E402
 from decoding import SearchConfig, TextHypothesis, Translator  # noqa: E402
 from decoding.uncached import UncachedModel  # noqa: E402
 from evaluation.bleu import corpus_bleu, corpus_chrf  # noqa: E402
 from model import Transformer  # noqa: E402
-
-
-def read_lines(path: str) -> list[str]:
-    lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 def n_target_tokens(hyps: list[list[TextHypothesis]]) -> int:
@@ -188,15 +183,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as e:
+        print(f"bench_translate.py: error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """Everything `main` does; user mistakes raise `UserError`."""
     if args.threads:
         torch.set_num_threads(args.threads)
     from decoding.checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(args.checkpoint, args.device)
     model.eval()
-    lines, refs = read_lines(args.input), read_lines(args.ref)
+    lines, refs = read_lines(args.input, "--input"), read_lines(args.ref, "--ref")
     if len(lines) != len(refs):
-        raise SystemExit(f"bench_translate.py: {len(lines)} inputs but {len(refs)} references")
+        raise UserError(
+            f"--input has {len(lines)} lines but --ref has {len(refs)}; pass matching files"
+        )
     n_speed = len(lines) if args.limit_speed <= 0 else min(args.limit_speed, len(lines))
     cfg = model.cfg
     print(

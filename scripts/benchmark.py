@@ -24,14 +24,16 @@ What is timed (each model gets the same random batch, the same precision, the sa
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
   sentence.
 * GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
-  achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul. Model
+  achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul, and
+  over the datasheet bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other
+  GPUs). Model
   FLOPs per step = 6 x (weight-matrix parameters x the tokens they see: encoder and cross-K/V
   on source tokens, decoder and output layer on target tokens) + 6 x attention score/value
   matmuls (2 x q_len x k_len x d_model per layer and sentence), all on non-pad tokens.
 
 Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
-so that machine noise hits every model alike; medians are reported and the ratio ours/peer is printed last
-for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as the trainer
+so that machine noise hits every model alike; medians are reported and the ratio ours/peer is
+printed last for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as the trainer
 does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are uniform in
 [max_len/2, max_len] on each side.
 
@@ -69,11 +71,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_model import PeerModel, load_preset  # noqa: E402
+from bench_model import PeerModel, load_preset, preset_names  # noqa: E402
 
 from data.batching import Batch, collate  # noqa: E402
 from data.tokenizer import SpecialIds  # noqa: E402
-from decoding.search import SearchResult, beam_search, greedy_search  # noqa: E402
+from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search  # noqa: E402
 from model import ModelConfig, Transformer, sinusoid_table  # noqa: E402
 from training.loss import label_smoothed_cross_entropy  # noqa: E402
 
@@ -425,9 +427,11 @@ def cuda_step_memory(trainee: Trainee, batch: Batch, device: torch.device, preci
 
 def bench_train(
     args: argparse.Namespace, cfg: ModelConfig, batch_tokens: int, variant: str,
-    device: torch.device, peak_flops: float | None,
+    device: torch.device, peak_flops: float | None, sheet_flops: float | None,
 ) -> dict[str, Any]:  # fmt: skip
     precision, compile_ = variant.split("+")[0], variant.endswith("+compile")
+    if compile_:  # start from no compiled graphs: the previous variant's must not count
+        torch._dynamo.reset()
     batch = train_batch(batch_tokens, args.max_len, cfg.tgt_vocab_size, args.seed).to(device)
     n_tokens = batch.n_src_tokens + batch.n_tgt_tokens
     flops = train_flops(cfg, batch)
@@ -453,6 +457,7 @@ def bench_train(
         if device.type == "cuda":
             r.update(cuda_step_memory(trainee, batch, device, precision))
         r["mfu"] = flops / r["median_s"] / peak_flops if peak_flops else None
+        r["mfu_datasheet"] = flops / r["median_s"] / sheet_flops if sheet_flops else None
     entry = {
         "variant": variant, "batch_tokens": batch_tokens, "sentences": B,
         "src_tokens": batch.n_src_tokens, "tgt_tokens": batch.n_tgt_tokens,
@@ -464,14 +469,15 @@ def bench_train(
 
 def print_train_table(entry: dict[str, Any]) -> None:
     head = f"  {'model':<16}{'params':>12}{'median ms':>11}{'min ms':>9}{'tokens/s':>11}"
-    head += f"{'peak MB':>9}{'MFU':>10}"
+    head += f"{'peak MB':>9}{'MFU':>10}{'MFU sheet':>11}"
     print(head)
     for name, r in entry["results"].items():
         mem = "n/a" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"
         mfu = "GPU only" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        sheet = "n/a" if r["mfu_datasheet"] is None else f"{100 * r['mfu_datasheet']:.1f}%"
         print(
             f"  {name:<16}{r['params']:>12,}{r['median_s'] * 1e3:>11.1f}{r['min_s'] * 1e3:>9.1f}"
-            f"{r['tokens_per_s']:>11,.0f}{mem:>9}{mfu:>10}"
+            f"{r['tokens_per_s']:>11,.0f}{mem:>9}{mfu:>10}{sheet:>11}"
         )
     ours_mem = entry["results"][OURS]["peak_mem_mb"]
     entry["memory_ratios"] = {
@@ -548,11 +554,9 @@ class FixedLengthModel:
 
 def decode_ours(model: Transformer, src: Tensor, beam: int, length: int) -> list[list[int]]:
     wrapped = FixedLengthModel(model, length)
-    kwargs = {"max_len_a": 0.0, "max_len_b": length, "length_penalty": 1.0}
-    if beam == 1:
-        result: SearchResult = greedy_search(wrapped, src, SPECIAL, **kwargs)
-    else:
-        result = beam_search(wrapped, src, SPECIAL, beam_size=beam, **kwargs)
+    cfg = SearchConfig(beam_size=beam, max_len_a=0.0, max_len_b=length, length_penalty=1.0)
+    search = greedy_search if beam == 1 else beam_search
+    result: SearchResult = search(wrapped, src, SPECIAL, cfg)
     return result.best_tokens()
 
 
@@ -628,6 +632,28 @@ def bench_decode(
 # ------------------------------------------------------------------------- GPU extras
 
 
+# Datasheet bf16 dense tensor-core peaks (no sparsity), FLOP/s; matched on the device name.
+DATASHEET_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 SXM": 989e12, "A100": 312e12}
+
+
+def datasheet_gpu(device_name: str) -> str:
+    """The `DATASHEET_BF16_FLOPS` key of a `torch.cuda.get_device_name()`, else "unknown".
+
+    E.g. "NVIDIA H100 80GB HBM3" -> "H100 SXM", "NVIDIA H100 PCIe" -> "H100 PCIe",
+    "NVIDIA A100-SXM4-80GB" -> "A100"; H100 NVL and everything else -> "unknown".
+    """
+    name = device_name.upper()
+    if "H200" in name:
+        return "H200"
+    if "H100" in name and "PCIE" in name:
+        return "H100 PCIe"
+    if "H100" in name and ("SXM" in name or "HBM3" in name):
+        return "H100 SXM"
+    if "A100" in name:
+        return "A100"
+    return "unknown"
+
+
 def matmul_peak_flops(device: torch.device, n: int = 8192, repeats: int = 10) -> float:
     """Measured bf16 matmul FLOP/s (median of `repeats` n x n x n products)."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
@@ -692,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--preset",
-        choices=["tiny", "small", "base", "big"],
+        choices=preset_names(),
         default=None,
         help="model sizes from conf/model/<preset>.yaml (default: CPU tiny, GPU base)",
     )
@@ -814,10 +840,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     )
     if not gpu:
         print("bf16 / torch.compile / MFU: GPU only (skipped on CPU unless --variants asks)")
-    peak = None
+    peak = sheet_flops = None
+    sheet_gpu = "unknown"
     if gpu:
         peak = matmul_peak_flops(device)
         print(f"measured bf16 matmul peak: {peak / 1e12:.1f} TFLOP/s (8192^3, median of 10)")
+        sheet_gpu = datasheet_gpu(torch.cuda.get_device_name(device))
+        sheet_flops = DATASHEET_BF16_FLOPS.get(sheet_gpu)
+        sheet = "unknown" if sheet_flops is None else f"{sheet_flops / 1e12:.0f} TFLOP/s"
+        print(f"datasheet bf16 dense peak ({sheet_gpu}): {sheet}")
     report: dict[str, Any] = {
         "meta": {
             "preset": args.preset, "preset_source": source, "config": dataclasses.asdict(cfg),
@@ -830,12 +861,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             "decode_len": args.decode_len, "beams": args.beams, "warmup": args.warmup,
             "repeats": args.repeats, "label_smoothing": LABEL_SMOOTHING,
         },
-        "peak_bf16_flops": peak, "train": [], "decode": [],
+        "peak_bf16_flops": peak, "datasheet_gpu": sheet_gpu,
+        "datasheet_bf16_flops": sheet_flops, "train": [], "decode": [],
     }  # fmt: skip
     if not args.no_train:
         for variant in args.variants:
             for batch_tokens in args.batch_tokens:
-                report["train"].append(bench_train(args, cfg, batch_tokens, variant, device, peak))
+                report["train"].append(
+                    bench_train(args, cfg, batch_tokens, variant, device, peak, sheet_flops)
+                )
     if not args.no_decode:
         for precision in dict.fromkeys(v.split("+")[0] for v in args.variants):
             report["decode"] += bench_decode(args, cfg, precision, device)

@@ -1,4 +1,5 @@
-"""Test doubles for decoding tests: a scripted model, a cache-free wrapper, a tiny Transformer.
+"""Test doubles for decoding tests: a scripted model, a cache-free wrapper, the search settings of
+the tiny Transformer, a tiny tokenizer.
 
 Legend: B batch, N rows (B * beams), S src len, t prefix len, V vocab.
 """
@@ -17,7 +18,6 @@ from torch import Tensor
 
 from data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
 from decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
-from model import ModelConfig, Transformer
 
 
 @dataclass(frozen=True)
@@ -88,29 +88,13 @@ class ScriptedModel:
         return row
 
 
-def tiny_transformer(vocab_size: int = 40, seed: int = 0) -> Transformer:
-    """A seeded random Transformer in eval mode whose greedy outputs vary and end with EOS.
-
-    Untied, randomly scaled output weights (pre-norm) keep it from repeating one token forever.
-    """
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        src_vocab_size=vocab_size,
-        tgt_vocab_size=vocab_size,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_encoder_layers=2,
-        n_decoder_layers=2,
-        dropout=0.0,
-        norm_first=True,
-        share_embeddings=False,
-        tie_output=False,
-    )
-    model = Transformer(cfg)
-    with torch.no_grad():
-        model.generator.weight.normal_(0.0, 0.5)
-    return model.eval()
+# The tiny model (tests/conftest.py) as search tests use it: tiny_model(seed=..., **SEARCH_MODEL).
+# Pre-norm with untied, randomly scaled output weights keeps it from repeating one token forever,
+# so its greedy outputs vary and end with EOS.
+SEARCH_MODEL = dict(
+    n_heads=4, dropout=0.0, norm_first=True, share_embeddings=False, tie_output=False,
+    output_std=0.5,
+)  # fmt: skip
 
 
 def random_sources(lengths: list[int], vocab_size: int = 40, seed: int = 1) -> Tensor:

@@ -14,9 +14,7 @@ import torch
 from model import (
     AdditiveAttention,
     DotProductAttention,
-    ModelConfig,
     MultiHeadAttention,
-    Transformer,
     causal_mask,
     lengths_to_mask,
     masked_softmax,
@@ -29,15 +27,6 @@ VOCAB = 40
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
-
-
-def tiny_model(**overrides) -> Transformer:
-    fields = dict(
-        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD, d_model=32, n_heads=2, d_ff=64,
-        n_encoder_layers=2, n_decoder_layers=2, dropout=0.1,
-    )  # fmt: skip
-    fields.update(overrides)
-    return Transformer(ModelConfig(**fields)).eval()
 
 
 def random_ids(*shape: int) -> torch.Tensor:
@@ -339,7 +328,7 @@ def test_mha_projections_are_slices_of_in_proj() -> None:
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_decoder_is_causal(norm_first: bool) -> None:
+def test_decoder_is_causal(norm_first: bool, tiny_model) -> None:
     model = tiny_model(norm_first=norm_first)
     src, tgt = random_ids(2, 7), random_ids(2, 9)
     logits = model(src, tgt)  # (B, T, V)
@@ -354,7 +343,7 @@ def test_decoder_is_causal(norm_first: bool) -> None:
         )  # the test can fail
 
 
-def test_attention_maps_show_no_weight_on_future_tokens() -> None:
+def test_attention_maps_show_no_weight_on_future_tokens(tiny_model) -> None:
     model = tiny_model()
     maps = model.attention_maps(random_ids(2, 6), random_ids(2, 5))
     future = ~torch.ones(5, 5, dtype=torch.bool).tril()
@@ -366,7 +355,7 @@ def test_attention_maps_show_no_weight_on_future_tokens() -> None:
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_extra_source_padding_changes_nothing(norm_first: bool) -> None:
+def test_extra_source_padding_changes_nothing(norm_first: bool, tiny_model) -> None:
     model = tiny_model(norm_first=norm_first)
     src, tgt = random_ids(2, 6), random_ids(2, 5)
     logits = model(src, tgt)
@@ -378,7 +367,7 @@ def test_extra_source_padding_changes_nothing(norm_first: bool) -> None:
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_short_sentence_in_a_batch_equals_it_alone(norm_first: bool) -> None:
+def test_short_sentence_in_a_batch_equals_it_alone(norm_first: bool, tiny_model) -> None:
     model = tiny_model(norm_first=norm_first)
     short_src, short_tgt = random_ids(1, 3), random_ids(1, 4)
     long_src, long_tgt = random_ids(1, 9), random_ids(1, 8)

@@ -8,10 +8,10 @@ from types import ModuleType
 
 import pytest
 import torch
-from helpers_decoding import tiny_tokenizer, tiny_transformer
 
 from data.tokenizer import Tokenizer
 from decoding.checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
+from tests.helpers_decoding import SEARCH_MODEL, tiny_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "average_checkpoints.py"
 
@@ -25,13 +25,18 @@ def average() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def run_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model) -> Path:  # noqa: ANN001
     """A run with step_100 (seed 0), step_20 (seed 1), step_3 (seed 0) and an optimizer state."""
     run = tmp_path_factory.mktemp("run")
     tokenizer: Tokenizer = tiny_tokenizer(run)
     for step, seed in [(100, 0), (20, 1), (3, 0)]:
-        model = tiny_transformer(tokenizer.src_vocab_size, seed=seed)
-        payload = {**model_payload(model, tokenizer), "step": step, "optimizer": {"lr": 1.0}}
+        model = tiny_model(tokenizer.src_vocab_size, seed=seed, **SEARCH_MODEL)
+        state = {"step": step}  # what training writes: train_state, optimizer, ...
+        payload = {
+            **model_payload(model, tokenizer),
+            "train_state": state,
+            "optimizer": {"lr": 1.0},
+        }
         save_checkpoint(run / "checkpoints" / f"step_{step}.pt", payload)
     return run
 
@@ -63,7 +68,7 @@ def test_last_k_by_step_number_gives_the_mean(average: ModuleType, run_dir: Path
     ckpt = load_checkpoint(out)
     # steps sort numerically (3 < 20 < 100): the last two are step_20 and step_100
     assert [Path(p).name for p in ckpt["averaged_from"]] == ["step_20.pt", "step_100.pt"]
-    assert ckpt["step"] == 100 and "optimizer" not in ckpt
+    assert ckpt["train_state"]["step"] == 100 and "optimizer" not in ckpt
     a, b = (
         weights(run_dir / "checkpoints" / "step_20.pt"),
         weights(run_dir / "checkpoints" / "step_100.pt"),

@@ -15,18 +15,18 @@ from types import ModuleType
 
 import pytest
 import torch
-from helpers_decoding import (
+
+from decoding import SearchConfig, beam_search, greedy_search
+from decoding.checkpoint import model_payload, save_checkpoint
+from decoding.uncached import UncachedModel
+from tests.helpers_decoding import (
     PAIRS,
+    SEARCH_MODEL,
     SPECIAL,
     random_sources,
     single_thread,
     tiny_tokenizer,
-    tiny_transformer,
 )
-
-from decoding import beam_search, greedy_search
-from decoding.checkpoint import model_payload, save_checkpoint
-from decoding.uncached import UncachedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 # benchmark.py imports bench_model from scripts/
@@ -45,7 +45,8 @@ benchmark = load_script("benchmark")
 bench_translate = load_script("bench_translate")
 
 TINY_FLAGS = [
-    "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96", "--max-len", "6",
+    "--device", "cpu", "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96",
+    "--max-len", "6",
     "--decode-batch", "2", "--decode-len", "3", "--warmup", "1", "--repeats", "1",
 ]  # fmt: skip
 
@@ -113,22 +114,26 @@ def test_fixed_length_decoding_gives_every_sentence_length_tokens() -> None:
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_no_cache_model_gives_the_cached_tokens(beam: int) -> None:
-    tiny = tiny_transformer(seed=3)
+def test_no_cache_model_gives_the_cached_tokens(beam: int, tiny_model) -> None:  # noqa: ANN001
+    tiny = tiny_model(seed=3, **SEARCH_MODEL)
     src_ids = random_sources([4, 12, 7, 2], seed=9)
     search = greedy_search if beam == 1 else beam_search
-    kwargs = {} if beam == 1 else {"beam_size": beam, "nbest": beam}
-    cached = search(tiny, src_ids, SPECIAL, **kwargs).hypotheses
-    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, **kwargs).hypotheses
+    cfg = SearchConfig(beam_size=beam, nbest=beam)
+    cached = search(tiny, src_ids, SPECIAL, cfg).hypotheses
+    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, cfg).hypotheses
     assert [[h.tokens for h in nbest] for nbest in uncached] == [
         [h.tokens for h in nbest] for nbest in cached
     ]
     assert any(len(nbest[0].tokens) > 1 for nbest in cached)  # not a trivial output
 
 
-def test_bench_translate_main(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_translate_main(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    tiny_model,  # noqa: ANN001
+) -> None:
     tokenizer = tiny_tokenizer(tmp_path / "spm")
-    model = tiny_transformer(vocab_size=tokenizer.src_vocab_size, seed=2)
+    model = tiny_model(vocab_size=tokenizer.src_vocab_size, seed=2, **SEARCH_MODEL)
     save_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt", model_payload(model, tokenizer))
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("".join(f"{s}\n" for s, _ in PAIRS[:6]), encoding="utf-8")

@@ -9,14 +9,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers_decoding import (
-    SPECIAL,
-    ScriptedModel,
-    UncachedModel,
-    random_sources,
-    single_thread,
-    tiny_transformer,
-)
 
 from decoding.search import (
     SearchConfig,
@@ -24,6 +16,14 @@ from decoding.search import (
     greedy_search,
     length_penalty_divisor,
     max_lengths,
+)
+from tests.helpers_decoding import (
+    SEARCH_MODEL,
+    SPECIAL,
+    ScriptedModel,
+    UncachedModel,
+    random_sources,
+    single_thread,
 )
 
 PAD, BOS, EOS, A, B, C = SPECIAL.pad, SPECIAL.bos, SPECIAL.eos, 4, 5, 6
@@ -42,8 +42,8 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def tiny() -> torch.nn.Module:
-    return tiny_transformer()
+def tiny(tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    return tiny_model(seed=0, **SEARCH_MODEL)
 
 
 # --------------------------------------------------------------------------- scripted model
@@ -68,11 +68,12 @@ SHORT_OR_LONG = {
 
 def test_beam_finds_what_greedy_misses() -> None:
     model = ScriptedModel(V, GARDEN_PATH)
-    greedy = greedy_search(model, source(A), SPECIAL, length_penalty=0.0)
+    greedy = greedy_search(model, source(A), SPECIAL, SearchConfig(length_penalty=0.0))
     assert greedy.best_tokens() == [[A]]
     assert greedy.hypotheses[0][0].log_prob == pytest.approx(math.log(0.24), abs=1e-5)
 
-    beam = beam_search(model, source(A), SPECIAL, beam_size=2, length_penalty=0.0, nbest=2)
+    cfg = SearchConfig(beam_size=2, length_penalty=0.0, nbest=2)
+    beam = beam_search(model, source(A), SPECIAL, cfg)
     ((best, second),) = beam.hypotheses
     assert (best.tokens, second.tokens) == ([B], [A])
     assert best.score == pytest.approx(math.log(0.36), abs=1e-5)
@@ -85,9 +86,8 @@ def test_beam_finds_what_greedy_misses() -> None:
 )
 def test_length_penalty_changes_the_winner(alpha: float, lp_type: str, winner: list[int]) -> None:
     model = ScriptedModel(V, SHORT_OR_LONG)
-    result = beam_search(
-        model, source(A), SPECIAL, beam_size=2, length_penalty=alpha, nbest=2, lp_type=lp_type
-    )
+    cfg = SearchConfig(beam_size=2, length_penalty=alpha, nbest=2, lp_type=lp_type)
+    result = beam_search(model, source(A), SPECIAL, cfg)
     hyps = {tuple(h.tokens): h for h in result.hypotheses[0]}
     assert set(hyps) == {(), (A, B)}
     assert result.hypotheses[0][0].tokens == winner
@@ -113,8 +113,10 @@ def test_pad_and_bos_are_never_generated() -> None:
     script = {(): {PAD: 0.5, BOS: 0.3, A: 0.19}, (A,): {PAD: 0.6, BOS: 0.3, EOS: 0.09}}
     model = ScriptedModel(V, script)
     for result in (
-        greedy_search(model, source(A), SPECIAL),
-        beam_search(model, source(A), SPECIAL, beam_size=3, length_penalty=0.0, nbest=3),
+        greedy_search(model, source(A), SPECIAL, SearchConfig()),
+        beam_search(
+            model, source(A), SPECIAL, SearchConfig(beam_size=3, length_penalty=0.0, nbest=3)
+        ),
     ):
         assert result.hypotheses[0][0].tokens == [A]
         for hyp in result.hypotheses[0]:
@@ -130,8 +132,8 @@ def test_max_len_is_per_sentence_and_eos_is_forced(beam_size: int) -> None:
     src_ids[1] = source(B, 9)[0]
     assert max_lengths(src_ids, SPECIAL, 0.5, 2).tolist() == [3, 6]
     search = greedy_search if beam_size == 1 else beam_search
-    kwargs = {} if beam_size == 1 else {"beam_size": beam_size, "nbest": beam_size}
-    result = search(model, src_ids, SPECIAL, max_len_a=0.5, max_len_b=2, **kwargs)
+    cfg = SearchConfig(beam_size=beam_size, nbest=beam_size, max_len_a=0.5, max_len_b=2)
+    result = search(model, src_ids, SPECIAL, cfg)
     for nbest, budget in zip(result.hypotheses, [3, 6], strict=True):
         assert {len(h.tokens) for h in nbest} == {budget}
         assert len({tuple(h.tokens) for h in nbest}) == len(nbest) == beam_size
@@ -144,7 +146,7 @@ def test_max_len_is_per_sentence_and_eos_is_forced(beam_size: int) -> None:
 def test_sentence_stops_after_beam_size_finished() -> None:
     """fairseq's rule: done once it holds K finished hypotheses, even if longer ones are live."""
     model = ScriptedModel(V, GARDEN_PATH)
-    beam_search(model, source(A), SPECIAL, beam_size=2, length_penalty=0.0)
+    beam_search(model, source(A), SPECIAL, SearchConfig(beam_size=2, length_penalty=0.0))
     assert len(model.rows_per_step) == 2  # BOS step, then both beams end in EOS
 
 
@@ -170,8 +172,8 @@ def assert_same_results(got: list, expected: list) -> None:
 
 def test_greedy_equals_beam_one(tiny: torch.nn.Module) -> None:
     src_ids = random_sources([5, 9, 2, 7, 12, 3], seed=3)
-    greedy = greedy_search(tiny, src_ids, SPECIAL)
-    beam = beam_search(tiny, src_ids, SPECIAL, beam_size=1)
+    greedy = greedy_search(tiny, src_ids, SPECIAL, SearchConfig())
+    beam = beam_search(tiny, src_ids, SPECIAL, SearchConfig(beam_size=1))
     assert_same_results(greedy.hypotheses, beam.hypotheses)
     lengths = {len(hyp.tokens) for hyp in (nbest[0] for nbest in greedy.hypotheses)}
     assert len(lengths) > 1, "the test model should not be degenerate"
@@ -181,12 +183,12 @@ def test_greedy_equals_beam_one(tiny: torch.nn.Module) -> None:
 def test_batched_equals_one_by_one(tiny: torch.nn.Module, beam_size: int) -> None:
     src_ids = random_sources([2, 25, 6, 14], seed=4)  # very different lengths in one batch
     search = greedy_search if beam_size == 1 else beam_search
-    kwargs = {} if beam_size == 1 else {"beam_size": beam_size, "nbest": 2}
-    batched = search(tiny, src_ids, SPECIAL, **kwargs).hypotheses
+    cfg = SearchConfig(beam_size=beam_size, nbest=min(beam_size, 2))
+    batched = search(tiny, src_ids, SPECIAL, cfg).hypotheses
     alone = []
     for row in src_ids:
         row = row[: int(row.ne(PAD).sum())].unsqueeze(0)  # (1, own length): no padding
-        alone += search(tiny, row, SPECIAL, **kwargs).hypotheses
+        alone += search(tiny, row, SPECIAL, cfg).hypotheses
     assert_same_results(batched, alone)
 
 
@@ -194,16 +196,16 @@ def test_batched_equals_one_by_one(tiny: torch.nn.Module, beam_size: int) -> Non
 def test_cached_equals_uncached(tiny: torch.nn.Module, beam_size: int) -> None:
     src_ids = random_sources([4, 11, 7], seed=5)
     search = greedy_search if beam_size == 1 else beam_search
-    kwargs = {} if beam_size == 1 else {"beam_size": beam_size, "nbest": beam_size}
-    cached = search(tiny, src_ids, SPECIAL, **kwargs).hypotheses
-    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, **kwargs).hypotheses
+    cfg = SearchConfig(beam_size=beam_size, nbest=beam_size)
+    cached = search(tiny, src_ids, SPECIAL, cfg).hypotheses
+    uncached = search(UncachedModel(tiny), src_ids, SPECIAL, cfg).hypotheses
     assert_same_results(cached, uncached)
 
 
 def test_nbest_sorted_distinct_and_within_budget(tiny: torch.nn.Module) -> None:
     src_ids = random_sources([3, 8, 15], seed=6)
     budgets = max_lengths(src_ids, SPECIAL, 1.2, 10).tolist()
-    result = beam_search(tiny, src_ids, SPECIAL, beam_size=5, nbest=5)
+    result = beam_search(tiny, src_ids, SPECIAL, SearchConfig(beam_size=5, nbest=5))
     for nbest, budget in zip(result.hypotheses, budgets, strict=True):
         assert len(nbest) == 5
         scores = [h.score for h in nbest]
@@ -218,7 +220,9 @@ def test_nbest_sorted_distinct_and_within_budget(tiny: torch.nn.Module) -> None:
 def test_beam_scores_match_teacher_forced_log_probs(tiny: torch.nn.Module) -> None:
     """Each hypothesis's log_prob is the full-pass log-probability of [tokens, EOS]."""
     src_ids = random_sources([6], seed=7)
-    for hyp in beam_search(tiny, src_ids, SPECIAL, beam_size=3, nbest=3).hypotheses[0]:
+    for hyp in beam_search(tiny, src_ids, SPECIAL, SearchConfig(beam_size=3, nbest=3)).hypotheses[
+        0
+    ]:
         tgt_in = torch.tensor([[BOS] + hyp.tokens])
         tgt_out = torch.tensor(hyp.tokens + [EOS])
         lprobs = torch.log_softmax(tiny(src_ids, tgt_in)[0].float(), dim=-1)  # (T, V)
@@ -230,9 +234,10 @@ def test_beam_scores_match_teacher_forced_log_probs(tiny: torch.nn.Module) -> No
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_matches_cpu(tiny: torch.nn.Module) -> None:
     src_ids = random_sources([3, 17, 8], seed=8)
-    cpu = beam_search(tiny, src_ids, SPECIAL, beam_size=4, nbest=2).hypotheses
+    cfg = SearchConfig(beam_size=4, nbest=2)
+    cpu = beam_search(tiny, src_ids, SPECIAL, cfg).hypotheses
     gpu_model = copy.deepcopy(tiny).cuda()
-    gpu = beam_search(gpu_model, src_ids.cuda(), SPECIAL, beam_size=4, nbest=2).hypotheses
+    gpu = beam_search(gpu_model, src_ids.cuda(), SPECIAL, cfg).hypotheses
     assert_same_results(gpu, cpu)
-    greedy_gpu = greedy_search(gpu_model, src_ids.cuda(), SPECIAL).hypotheses
-    assert_same_results(greedy_gpu, greedy_search(tiny, src_ids, SPECIAL).hypotheses)
+    greedy_gpu = greedy_search(gpu_model, src_ids.cuda(), SPECIAL, cfg).hypotheses
+    assert_same_results(greedy_gpu, greedy_search(tiny, src_ids, SPECIAL, cfg).hypotheses)

@@ -29,19 +29,6 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-def tiny_config(**overrides) -> ModelConfig:
-    fields = dict(
-        src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, pad_id=PAD, d_model=32, n_heads=2, d_ff=64,
-        n_encoder_layers=2, n_decoder_layers=2, dropout=0.1,
-    )  # fmt: skip
-    fields.update(overrides)
-    return ModelConfig(**fields)
-
-
-def tiny_model(**overrides) -> Transformer:
-    return Transformer(tiny_config(**overrides)).eval()
-
-
 def random_ids(*shape: int) -> torch.Tensor:
     return torch.randint(1, VOCAB, shape)  # never the pad id
 
@@ -60,7 +47,7 @@ NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "
 
 
 @NORMS
-def test_cached_decoding_equals_full_pass(norm_first: bool) -> None:
+def test_cached_decoding_equals_full_pass(norm_first: bool, tiny_model) -> None:
     model = tiny_model(norm_first=norm_first)
     src, tgt = padded_source(), random_ids(3, 8)
     src_mask = padding_mask(src, PAD)
@@ -77,7 +64,7 @@ def test_cached_decoding_equals_full_pass(norm_first: bool) -> None:
 
 
 @NORMS
-def test_cached_decoding_after_beam_reorder(norm_first: bool) -> None:
+def test_cached_decoding_after_beam_reorder(norm_first: bool, tiny_model) -> None:
     model = tiny_model(norm_first=norm_first)
     src, tgt = padded_source(), random_ids(3, 4)
     src_mask = padding_mask(src, PAD)
@@ -117,7 +104,7 @@ def test_kv_cache_reorder_indexes_every_tensor() -> None:
 
 @NORMS
 @pytest.mark.parametrize("chunk", [2, 3])
-def test_several_tokens_at_once_on_a_cache(norm_first: bool, chunk: int) -> None:
+def test_several_tokens_at_once_on_a_cache(norm_first: bool, chunk: int, tiny_model) -> None:
     # T > 1 new tokens on a non-empty cache need the right-aligned causal mask.
     model = tiny_model(norm_first=norm_first)
     src, tgt = padded_source(), random_ids(3, 9)
@@ -171,11 +158,11 @@ def paper_config(size: str) -> ModelConfig:
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"tie_output": False}, {"share_embeddings": False, "src_vocab_size": 50}, {"norm_first": True},
-     {"n_encoder_layers": 3, "n_decoder_layers": 1}],
+    [{}, {"tie_output": False}, {"share_embeddings": False, "src_vocab_size": 50},
+     {"norm_first": True}, {"n_encoder_layers": 3, "n_decoder_layers": 1}],
     ids=["tied", "untied", "separate-src", "pre-norm", "3+1-layers"],
 )  # fmt: skip
-def test_parameter_count_matches_formula(overrides: dict) -> None:
+def test_parameter_count_matches_formula(overrides: dict, tiny_config) -> None:
     cfg = tiny_config(**overrides)
     model = Transformer(cfg)
     assert model.num_parameters() == expected_parameters(cfg)
@@ -203,7 +190,7 @@ def test_paper_base_and_big_parameter_counts() -> None:
 # ------------------------------------------------------------------------- learning
 
 
-def test_loss_drops_on_one_repeated_batch() -> None:
+def test_loss_drops_on_one_repeated_batch(tiny_config) -> None:
     model = Transformer(tiny_config(dropout=0.0)).train()
     src, tgt = padded_source(), random_ids(3, 9)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
@@ -219,7 +206,7 @@ def test_loss_drops_on_one_repeated_batch() -> None:
     assert losses[-1] < 0.2 * losses[0], (losses[0], losses[-1])
 
 
-def test_gradients_reach_every_parameter() -> None:
+def test_gradients_reach_every_parameter(tiny_config) -> None:
     model = Transformer(
         tiny_config(norm_first=True, tie_output=False, share_embeddings=False)
     ).train()
@@ -241,7 +228,7 @@ def test_log_probs_are_float32_and_normalised() -> None:
 # -------------------------------------------------------------------- attention maps
 
 
-def test_attention_maps_shapes_and_rows() -> None:
+def test_attention_maps_shapes_and_rows(tiny_config) -> None:
     cfg = tiny_config(n_encoder_layers=3, n_decoder_layers=2)
     model = Transformer(cfg).eval()
     src, tgt = padded_source(), random_ids(3, 5)  # B=3, S=7, T=5
@@ -262,12 +249,12 @@ def test_attention_maps_shapes_and_rows() -> None:
 # ------------------------------------------------------------------------- config
 
 
-def test_config_rejects_heads_that_do_not_divide_d_model() -> None:
+def test_config_rejects_heads_that_do_not_divide_d_model(tiny_config) -> None:
     with pytest.raises(ValueError, match="divisible"):
         tiny_config(d_model=30, n_heads=4)
 
 
-def test_config_rejects_shared_embeddings_with_two_vocabularies() -> None:
+def test_config_rejects_shared_embeddings_with_two_vocabularies(tiny_config) -> None:
     with pytest.raises(ValueError, match="share_embeddings"):
         tiny_config(src_vocab_size=40, tgt_vocab_size=50)
     cfg = tiny_config(src_vocab_size=40, tgt_vocab_size=50, share_embeddings=False)
@@ -275,7 +262,7 @@ def test_config_rejects_shared_embeddings_with_two_vocabularies() -> None:
     assert model.src_embed.num_embeddings == 40 and model.generator.out_features == 50
 
 
-def test_config_d_head() -> None:
+def test_config_d_head(tiny_config) -> None:
     assert tiny_config(d_model=32, n_heads=4).d_head == 8
 
 
@@ -283,7 +270,7 @@ def test_config_d_head() -> None:
 
 
 @pytest.mark.parametrize("which", ["dropout", "attn_dropout", "act_dropout"])
-def test_dropout_is_active_in_train_mode_and_off_in_eval(which: str) -> None:
+def test_dropout_is_active_in_train_mode_and_off_in_eval(which: str, tiny_config) -> None:
     zero = dict(dropout=0.0, attn_dropout=0.0, act_dropout=0.0)
     model = Transformer(tiny_config(**{**zero, which: 0.3}))
     src, tgt = padded_source(), random_ids(3, 5)
@@ -299,7 +286,9 @@ def test_dropout_is_active_in_train_mode_and_off_in_eval(which: str) -> None:
 
 @pytest.mark.parametrize("layer_cls", [EncoderLayer, DecoderLayer])
 @NORMS
-def test_dropout_hits_the_sublayer_output_not_the_residual(layer_cls, norm_first: bool) -> None:
+def test_dropout_hits_the_sublayer_output_not_the_residual(
+    layer_cls, norm_first: bool, tiny_config
+) -> None:
     # Sec. 5.4: dropout on each sublayer's output, before the residual add. With p = 1 every
     # sublayer is dropped, so only the residual path (and post-norm's LayerNorms) remains.
     layer = layer_cls(tiny_config(dropout=1.0, norm_first=norm_first)).train()
@@ -313,7 +302,7 @@ def test_dropout_hits_the_sublayer_output_not_the_residual(layer_cls, norm_first
 
 
 @pytest.mark.parametrize("d_ff", [64, 96], ids=["d_ff=2D", "d_ff=3D"])
-def test_xavier_init_uses_each_matrix_full_shape(d_ff: int) -> None:
+def test_xavier_init_uses_each_matrix_full_shape(d_ff: int, tiny_config) -> None:
     # Only the fused q|k|v projection is initialised as three (D, D) blocks; every other
     # Linear is one Xavier-uniform matrix, bound sqrt(6 / (fan_in + fan_out)). A d_ff of
     # exactly 3 * d_model must not be mistaken for a fused projection.
@@ -327,7 +316,7 @@ def test_xavier_init_uses_each_matrix_full_shape(d_ff: int) -> None:
             assert module.weight.abs().max() > 0.9 * bound, name  # not a smaller init either
 
 
-def test_embedding_pad_row_starts_at_zero() -> None:
+def test_embedding_pad_row_starts_at_zero(tiny_config) -> None:
     model = Transformer(tiny_config(share_embeddings=False))
     assert torch.all(model.src_embed.weight[PAD] == 0)
     assert torch.all(model.tgt_embed.weight[PAD] == 0)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_decoding import PAIRS, single_thread, tiny_tokenizer, tiny_transformer
 
 import translate
 from data.tokenizer import Tokenizer
-from decoding import SearchConfig, Translator
+from decoding import SearchConfig, Translator, cli
 from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.plot import heatmap_image, heatmap_tensor
+from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # tiny ops: 1 thread
@@ -42,8 +42,8 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
 
 
 @pytest.fixture(scope="session")
-def model(tokenizer: Tokenizer) -> torch.nn.Module:
-    return tiny_transformer(vocab_size=tokenizer.src_vocab_size, seed=2)
+def model(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    return tiny_model(vocab_size=tokenizer.src_vocab_size, seed=2, **SEARCH_MODEL)
 
 
 @pytest.fixture(scope="session")
@@ -238,6 +238,45 @@ def test_nbest_output_format(capsys: pytest.CaptureFixture, checkpoint: Path) ->
     assert [line.split(" ||| ")[0] for line in lines] == ["0", "0", "1"]
     first, second = (float(line.split(" ||| ")[2]) for line in lines[:2])
     assert first >= second
+
+
+def test_precision_bf16_runs_and_fp32_is_unchanged(
+    capsys: pytest.CaptureFixture,
+    checkpoint: Path,
+    model,
+    tokenizer,  # noqa: ANN001
+) -> None:
+    expected = Translator(model, tokenizer, SearchConfig(beam_size=2)).translate(INPUTS)
+    args = ("-c", str(checkpoint), "--beam", "2", *INPUTS)
+    for extra in ((), ("--precision", "fp32")):
+        status, out, err = call_main(capsys, *args, *extra)
+        assert status == 0, err
+        assert out.split("\n")[:-1] == expected
+    status, out, err = call_main(capsys, *args, "--precision", "bf16")
+    assert status == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == len(INPUTS) and lines[1] == ""
+
+
+def test_unsupported_precision_is_one_line(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, checkpoint: Path
+) -> None:
+    monkeypatch.setattr(cli, "autocast_supported", lambda device_type, dtype: False)
+    status, _, err = call_main(capsys, "-c", str(checkpoint), "--precision", "fp16", "a")
+    assert status != 0
+    assert_one_line_error(err, "--precision fp16", "--precision fp32")
+
+
+def test_search_flags_follow_search_config(capsys: pytest.CaptureFixture) -> None:
+    """Every SearchConfig field is a flag with the dataclass's default; --lp-type reaches it."""
+    args = translate.build_parser().parse_args(["-c", "x"])
+    assert cli.search_config(args) == SearchConfig()
+    args = translate.build_parser().parse_args(["-c", "x", "--lp-type", "gnmt", "--beam", "3"])
+    assert cli.search_config(args) == SearchConfig(lp_type="gnmt", beam_size=3)
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main(["-c", "x", "--lp-type", "nope", "a"])
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys.readouterr().err, "--lp-type")
 
 
 # ------------------------------------------------------------------------------ Translator

@@ -1,0 +1,255 @@
+"""The `translate.py` command line: its flags and what a run does.
+
+The search flags (`--beam`, `--length-penalty`, `--lp-type`, `--max-len-a`, `--max-len-b`,
+`--nbest`, `--batch-size`) are generated from the fields of `SearchConfig`, so their defaults,
+limits and help are the dataclass's. Flags and inputs are checked before torch is imported;
+every user mistake raises `UserError` (or exits 2 for a bad flag), one line, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import Field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
+
+from common.errors import UserError
+from common.files import atomic_write, read_lines
+from decoding.config import SearchConfig
+
+if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are checked
+    from decoding.translator import TextHypothesis, Translator
+
+PROG = "translate.py"
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+# What the command line adds to a field's help (the output format is the CLI's business).
+_CLI_HELP = {
+    "nbest": "; above 1 prints 'INDEX ||| TRANSLATION ||| SCORE' lines (INDEX 0-based, best "
+    "first; an empty input gets one empty hypothesis), so line counts differ from the input",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind: type, minimum: float | None) -> Callable[[str], int | float]:
+    """An argparse type: an int or float, at least `minimum` when given."""
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+
+    return parse
+
+
+def _flag(f: Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def add_search_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per `SearchConfig` field (dest = the field name), with its default and help."""
+    types = get_type_hints(SearchConfig)
+    flags = {f.name: _flag(f) for f in fields(SearchConfig)}
+    for f in fields(SearchConfig):
+        text = f.metadata["help"] + _CLI_HELP.get(f.name, "")
+        for name, flag in flags.items():  # help names other options by field name
+            text = text.replace(name, flag)
+        kind = types[f.name]
+        if get_origin(kind) is Literal:
+            spec = {"choices": get_args(kind)}
+        else:
+            metavar = flags[f.name].lstrip("-").replace("-", "_").upper()
+            spec = {"type": _number(kind, f.metadata["min"]), "metavar": metavar}
+        parser.add_argument(
+            flags[f.name],
+            dest=f.name,
+            default=f.default,
+            help=f"{text} (default: {f.default})",
+            **spec,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Translate sentences with a trained encoder-decoder Transformer.",
+        epilog="Input: positional sentences, else --input FILE, else standard input; one "
+        "sentence per line. Output: one translation per input line on stdout (or --output).",
+    )
+    add = parser.add_argument
+    add("sentences", nargs="*", help="sentences to translate (default: --input or stdin)")
+    add(
+        "-c",
+        "--checkpoint",
+        required=True,
+        help="run dir (uses checkpoints/best.pt, else last.pt) or .pt file",
+    )
+    add_search_flags(parser)
+    add(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto = cuda when available, else cpu (default: auto)",
+    )
+    add(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="autocast dtype during search: bf16 runs on CPU and recent GPUs, fp16 on GPUs "
+        "(and CPUs where torch supports it) (default: fp32)",
+    )
+    add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
+    add(
+        "--output", metavar="FILE", help="write translations to FILE (atomically) instead of stdout"
+    )
+    add(
+        "--ref",
+        metavar="FILE",
+        help="reference translations: print sacreBLEU BLEU and chrF to stderr",
+    )
+    add(
+        "--plot-attention",
+        metavar="PNG",
+        help="save the cross-attention heatmap (last layer, mean over heads) of the "
+        "first non-empty input sentence",
+    )
+    return parser
+
+
+def search_config(args: argparse.Namespace) -> SearchConfig:
+    """The `SearchConfig` the search flags describe."""
+    if args.nbest > args.beam_size:
+        raise UserError(f"--nbest {args.nbest} needs --beam >= {args.nbest}; raise --beam")
+    return SearchConfig(**{f.name: getattr(args, f.name) for f in fields(SearchConfig)})
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a directory; pass a file name")
+    if not target.parent.is_dir():
+        raise UserError(f"{flag} directory {target.parent} does not exist; create it first")
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but torch sees no CUDA GPU; use --device cpu (or auto)")
+    return name
+
+
+def autocast_supported(device_type: str, dtype: object) -> bool:
+    """Whether torch autocasts a matmul on `device_type` to `dtype` (it may silently not)."""
+    import warnings
+
+    import torch
+
+    if not torch.amp.is_autocast_available(device_type):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "dtype is not supported. Disabling autocast."
+        with torch.autocast(device_type, dtype=dtype):
+            x = torch.ones(2, 2, device=device_type)
+            return (x @ x).dtype == dtype
+
+
+def autocast(device: str, precision: str) -> AbstractContextManager:
+    """The autocast context of `--precision` (fp32: none) on `device`."""
+    import torch
+
+    if precision == "fp32":
+        return nullcontext()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    device_type = torch.device(device).type
+    if not autocast_supported(device_type, dtype):
+        raise UserError(
+            f"--precision {precision} is not supported on {device_type} by torch "
+            f"{torch.__version__}; use --precision fp32 (or bf16)"
+        )
+    return torch.autocast(device_type, dtype=dtype)
+
+
+def format_output(nbest: list[list[TextHypothesis]], n: int) -> str:
+    """Plain translations, or Moses-style n-best lines `i ||| translation ||| score`."""
+    if n == 1:
+        return "".join(f"{hyps[0].text}\n" for hyps in nbest)
+    return "".join(
+        f"{i} ||| {h.text} ||| {h.score:.4f}\n" for i, hyps in enumerate(nbest) for h in hyps
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    """Translate what `args` (from `build_parser`) asks for; raises `UserError` on a mistake."""
+    cfg = search_config(args)
+    check_writable(args.output, "--output")
+    check_writable(args.plot_attention, "--plot-attention")
+    if args.sentences:
+        sentences = [" ".join(s.splitlines()) for s in args.sentences]
+    else:
+        sentences = read_lines(args.input, "--input")
+    refs = None if args.ref is None else read_lines(args.ref, "--ref")
+    if refs is not None and len(refs) != len(sentences):
+        raise UserError(
+            f"--ref {args.ref} has {len(refs)} lines but the input has {len(sentences)}; "
+            "pass the reference file that matches the input line by line"
+        )
+    device = resolve_device(args.device)
+    precision = autocast(device, args.precision)
+
+    from decoding.checkpoint import load_for_inference
+    from decoding.translator import Translator
+
+    model, tokenizer, _ = load_for_inference(args.checkpoint, device)
+    translator = Translator(model, tokenizer, cfg, device)
+    with precision:
+        nbest = translator.translate_nbest(sentences)
+    output = format_output(nbest, cfg.nbest)
+    if args.output:
+        atomic_write(args.output, output)
+    else:
+        sys.stdout.buffer.write(output.encode("utf-8"))
+        sys.stdout.flush()
+    if refs is not None:
+        report_scores([hyps[0].text for hyps in nbest], refs)
+    if args.plot_attention:
+        with precision:
+            plot_first(translator, sentences, args.plot_attention)
+
+
+def report_scores(hyps: list[str], refs: list[str]) -> None:
+    from evaluation.bleu import corpus_bleu, corpus_chrf
+
+    if not hyps:
+        print(f"{PROG}: warning: no input lines, nothing to score", file=sys.stderr)
+        return
+    print(f"BLEU = {corpus_bleu(hyps, refs)}", file=sys.stderr)
+    print(f"chrF = {corpus_chrf(hyps, refs)}", file=sys.stderr)
+
+
+def plot_first(translator: Translator, sentences: list[str], path: str) -> None:
+    from decoding.plot import plot_attention
+
+    first = next((s for s in sentences if s.strip()), None)
+    if first is None:
+        print(f"{PROG}: warning: every input line is empty; no attention plot", file=sys.stderr)
+        return
+    attn = translator.attention_for(first)
+    title = "cross-attention (last layer, mean over heads)"
+    plot_attention(attn.src_pieces, attn.tgt_pieces, attn.cross_attn, path, title=title)

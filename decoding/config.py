@@ -1,0 +1,56 @@
+"""Decoding options: the one definition of their names, defaults, limits and help text.
+
+`SearchConfig` is what the search functions and `Translator` take; `conf/decoding/*.yaml` hold
+only what differs from its defaults, and the `translate.py` flags are generated from its
+fields (`decoding.cli`). Imports nothing heavy (no torch), so the command line can be checked
+before torch loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, get_args
+
+LengthPenaltyType = Literal["fairseq", "gnmt"]
+LP_TYPES: tuple[str, ...] = get_args(LengthPenaltyType)
+
+
+def _option(default: Any, help: str, minimum: float | None = None, flag: str = "") -> Any:
+    """A dataclass field whose metadata holds the help text, the lower bound and the CLI flag
+    (default: `--` + the name with dashes). Help texts name other options by field name; the
+    CLI shows them as flags."""
+    return field(default=default, metadata={"help": help, "min": minimum, "flag": flag})
+
+
+@dataclass
+class SearchConfig:
+    """Greedy/beam search options (validated on construction).
+
+    Defaults follow fairseq's usual WMT settings (`--beam 5 --lenpen 1 --max-len-a 1.2
+    --max-len-b 10`).
+    """
+
+    beam_size: int = _option(5, "hypotheses kept per sentence; 1 = greedy search", 1, "--beam")
+    length_penalty: float = _option(
+        1.0,
+        "alpha: hypotheses are ranked by log-prob / length penalty (see lp_type); 0 = raw log-prob",
+    )
+    lp_type: LengthPenaltyType = _option(
+        "fairseq", "length penalty formula: fairseq = len**alpha, gnmt = ((5 + len) / 6)**alpha"
+    )
+    max_len_a: float = _option(
+        1.2, "output length limit per sentence: int(max_len_a * src_len + max_len_b) tokens", 0
+    )
+    max_len_b: int = _option(10, "see max_len_a", 0)
+    nbest: int = _option(1, "hypotheses returned per sentence, best first (<= beam_size)", 1)
+    batch_size: int = _option(64, "sentences per search batch", 1)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            minimum = f.metadata["min"]
+            if minimum is not None and getattr(self, f.name) < minimum:
+                raise ValueError(f"{f.name} must be >= {minimum}, got {getattr(self, f.name)}")
+        if self.nbest > self.beam_size:
+            raise ValueError(f"nbest must be in 1..beam_size={self.beam_size}, got {self.nbest}")
+        if self.lp_type not in LP_TYPES:
+            raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {self.lp_type!r}")
