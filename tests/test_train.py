@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,30 +14,14 @@ import torch
 
 from data.batching import collate
 from decoding.checkpoint import load_checkpoint
-from tests.train_helpers import ROOT, TOY, toy_cfg
-from training import distributed
-from training.config import Configs
-from training.loop import Trainer, fit
-
-
-def _trainer(tmp_path: Path, *overrides: str, run: str = "run") -> Trainer:
-    configs = Configs.from_hydra(toy_cfg(tmp_path, *overrides))
-    return Trainer(configs, tmp_path / run, distributed.setup("cpu"))
-
-
-def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
+from tests.train_helpers import ROOT, params, toy, toy_cfg, train_cmd
+from training import build, distributed
+from training.loop import TrainingError, _Window, fit, train_step
 
 # Equivalence tests compare parameters after one plain SGD step with lr 1 and no clipping, so
 # the update IS the gradient. (Adam would turn the mathematically zero gradient of the key
 # bias, ~1e-10 of float noise, into a full +-lr step and make any comparison meaningless.)
 SGD_STEP = ("model.dropout=0.0", "optim.lr=1.0", "optim.warmup_steps=1", "optim.clip_norm=0")
-
-
-def _use_sgd(trainer: Trainer) -> Trainer:
-    trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
-    return trainer
 
 
 def test_memorises_toy_set_to_high_bleu(tmp_path):
@@ -47,6 +30,7 @@ def test_memorises_toy_set_to_high_bleu(tmp_path):
                        "model.d_model=64", "model.d_ff=128", "model.n_heads=4", "model.dropout=0.0",
                        "optim.lr=5e-3", "optim.warmup_steps=30", "optim.label_smoothing=0.0",
                        "trainer.max_tokens=1024", "tokenizer.vocab_size=120"), tmp_path / "run")
+    best = best.results["valid"]["bleu"]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert best > 80.0, results
     assert results["valid"]["loss"] < 0.5
@@ -56,18 +40,20 @@ def test_memorises_toy_set_to_high_bleu(tmp_path):
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
-    trainer = _use_sgd(_trainer(tmp_path, *SGD_STEP))
-    start = _params(trainer.model)
-    rows = trainer.train_data[list(range(8))]
-    special = trainer.tokenizer.special
+    run = toy(tmp_path, *SGD_STEP).use_sgd()
+    model = run.trainee.model
+    start = params(model)
+    rows = run.data.train[list(range(8))]
+    special = run.data.tokenizer.special
     halves = [collate(rows["src_ids"][:3], rows["tgt_ids"][:3], special),
               collate(rows["src_ids"][3:], rows["tgt_ids"][3:], special)]
-    trainer._train_update(halves)
-    accumulated = _params(trainer.model)
+    run.update(halves)
+    accumulated = params(model)
 
-    trainer.model.load_state_dict(start)
-    trainer._train_update([collate(rows["src_ids"], rows["tgt_ids"], special)])
-    for name, value in _params(trainer.model).items():
+    model.load_state_dict(start)
+    run.trainee.state.step = 0
+    run.update([collate(rows["src_ids"], rows["tgt_ids"], special)])
+    for name, value in params(model).items():
         torch.testing.assert_close(accumulated[name], value, atol=2e-6, rtol=1e-5, msg=name)
     assert any(not torch.equal(start[k], accumulated[k]) for k in start)  # it did update
 
@@ -86,16 +72,9 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert resumed["train_state"]["epoch"] == straight["train_state"]["epoch"]
 
 
-def _train_cmd(run_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), "debug=fast", f"data.dir={TOY}",
-            "data.src_lang=de", "data.tgt_lang=en", "data.test_splits=[test]",
-            f"data.cache_dir={run_dir.parent / 'cache'}", "logger=none",
-            f"hydra.run.dir={run_dir}", *overrides]
-
-
 def test_killed_run_resumes_from_last_complete_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = _train_cmd(run_dir, "trainer.max_steps=100000", "trainer.eval_every=3",
+    cmd = train_cmd(run_dir, "trainer.max_steps=100000", "trainer.eval_every=3",
                      "trainer.keep_last=2")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = run_dir / "checkpoints" / "last.pt"
@@ -110,7 +89,7 @@ def test_killed_run_resumes_from_last_complete_checkpoint(tmp_path):
         load_checkpoint(path)  # every visible checkpoint is complete
     killed_at = load_checkpoint(last)["train_state"]["step"]
     assert killed_at >= 9
-    done = subprocess.run(_train_cmd(run_dir, f"trainer.max_steps={killed_at + 3}",
+    done = subprocess.run(train_cmd(run_dir, f"trainer.max_steps={killed_at + 3}",
                                      "trainer.eval_every=3"),
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -122,16 +101,17 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     tmp_path = Path(tmp)
-    configs = Configs.from_hydra(toy_cfg(tmp_path, *SGD_STEP))
+    run = toy(tmp_path, *SGD_STEP, run="ddp").use_sgd()  # same spm.model (rank 0 trains it first)
     ctx = distributed.setup("cpu")
     try:
-        trainer = _use_sgd(Trainer(configs, tmp_path / "ddp", ctx))
-        trainer.sampler.set_epoch(0)
-        indices = next(iter(trainer.sampler))
-        rows = trainer.train_data[indices]
-        trainer._train_update([collate(rows["src_ids"], rows["tgt_ids"],
-                                       trainer.tokenizer.special, indices)])
-        torch.save({"indices": indices, "params": _params(trainer.model)},
+        model = torch.nn.parallel.DistributedDataParallel(run.trainee.model)
+        sampler = build.train_batches(run.data, run.cfg, ctx).sampler
+        sampler.set_epoch(0)
+        indices = next(iter(sampler))
+        rows = run.data.train[indices]
+        batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special, indices)
+        train_step(model, run.trainee, [batch], run.cfg, ctx, _Window(ctx.device), False)
+        torch.save({"indices": indices, "params": params(run.trainee.model)},
                    tmp_path / f"rank{rank}.pt")
     finally:
         distributed.teardown(ctx)
@@ -140,6 +120,7 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
 def test_ddp_two_processes_equal_one_process_on_combined_batch(tmp_path):
     import torch.multiprocessing as mp
 
+    toy(tmp_path, run="ddp")  # trains spm.model once, before the ranks start
     port = 29500 + os.getpid() % 1000
     mp.spawn(_ddp_worker, args=(2, str(tmp_path), port), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
@@ -147,12 +128,12 @@ def test_ddp_two_processes_equal_one_process_on_combined_batch(tmp_path):
         torch.testing.assert_close(r0["params"][name], r1["params"][name], atol=0, rtol=0)
     assert not set(r0["indices"]) & set(r1["indices"])  # each rank had its own shard
 
-    single = _use_sgd(_trainer(tmp_path, *SGD_STEP, run="ddp"))  # same spm.model, same init
-    start = _params(single.model)
+    single = toy(tmp_path, *SGD_STEP, run="ddp").use_sgd()  # same spm.model, same init
+    start = params(single.trainee.model)
     indices = r0["indices"] + r1["indices"]
-    rows = single.train_data[indices]
-    single._train_update([collate(rows["src_ids"], rows["tgt_ids"], single.tokenizer.special)])
-    for name, value in _params(single.model).items():
+    rows = single.data.train[indices]
+    single.update([collate(rows["src_ids"], rows["tgt_ids"], single.data.tokenizer.special)])
+    for name, value in params(single.trainee.model).items():
         torch.testing.assert_close(r0["params"][name], value, atol=2e-6, rtol=1e-5, msg=name)
     assert any(not torch.equal(start[k], r0["params"][k]) for k in start)  # it did update
 
@@ -161,7 +142,7 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    proc = subprocess.run(_train_cmd(run_dir, "logger=tensorboard", "trainer.max_steps=10",
+    proc = subprocess.run(train_cmd(run_dir, "logger=tensorboard", "trainer.max_steps=10",
                                      "trainer.eval_every=5", "trainer.log_every=5"),
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -188,7 +169,7 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
 def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message):
     if "cuda" in overrides[0] and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = subprocess.run(_train_cmd(tmp_path / "run", *overrides), cwd=ROOT,
+    proc = subprocess.run(train_cmd(tmp_path / "run", *overrides), cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
@@ -198,7 +179,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message
 
 @pytest.mark.slow
 def test_multirun_sweep(tmp_path):
-    base = _train_cmd(tmp_path / "unused")
+    base = train_cmd(tmp_path / "unused")
     base.remove(f"hydra.run.dir={tmp_path / 'unused'}")
     cmd = [base[0], base[1], "-m", *base[2:], "optim.lr=1e-3,2e-3", "trainer.max_steps=4",
            "trainer.eval_every=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
@@ -218,20 +199,19 @@ def test_mixed_precision_trains_on_cpu(tmp_path, precision):
 
 
 def test_nonfinite_updates_are_skipped_then_stop_clearly(tmp_path):
-    from training.loop import TrainingError
-
-    trainer = _trainer(tmp_path, "trainer.max_nonfinite=2")
-    rows = trainer.train_data[list(range(4))]
-    batch = collate(rows["src_ids"], rows["tgt_ids"], trainer.tokenizer.special)
+    run = toy(tmp_path, "trainer.max_nonfinite=2")
+    rows = run.data.train[list(range(4))]
+    batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special)
+    model, state = run.trainee.model, run.trainee.state
     with torch.no_grad():
-        trainer.model.encoder.layers[0].feed_forward.linear1.weight[0, 0] = float("nan")
-    before = _params(trainer.model)
-    trainer._train_update([batch])  # skipped, not applied
-    assert trainer.state.nonfinite_streak == 1 and trainer.state.nonfinite_total == 1
-    for name, value in _params(trainer.model).items():
+        model.encoder.layers[0].feed_forward.linear1.weight[0, 0] = float("nan")
+    before = params(model)
+    run.update([batch])  # skipped, not applied
+    assert state.nonfinite_streak == 1 and state.nonfinite_total == 1
+    for name, value in params(model).items():
         torch.testing.assert_close(value, before[name], equal_nan=True, atol=0, rtol=0)
     with pytest.raises(TrainingError, match="NaN/inf for 2 updates in a row"):
-        trainer._train_update([batch])
+        run.update([batch])
 
 
 def test_early_stopping_on_bleu_patience(tmp_path):

@@ -6,15 +6,22 @@ below that line the code takes dataclasses, never DictConfig. Unknown keys fail 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from common.errors import UserError
 from data.dataset import DataConfig
 from data.tokenizer import TokenizerConfig
-from decoding.search import SearchConfig
+from decoding.config import SearchConfig
 from model import ModelConfig
+
+
+# The `decoding` group's schema comes from SearchConfig itself (conf/decoding/*.yaml list it
+# first in their defaults), so its defaults are written once and every field can be overridden.
+# A plain dict: OmegaConf cannot type the Literal of `lp_type`.
+ConfigStore.instance().store(group="decoding", name="search_config", node=asdict(SearchConfig()))
 
 
 class ConfigError(UserError):
