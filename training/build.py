@@ -55,20 +55,25 @@ def load_data(cfg: Configs, run_dir: Path) -> Data:
 
 
 def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Data:
-    """`load_data` on rank 0 first; the other ranks wait for a file, then load its results
-    from the caches. Waiting is not a collective, so however long SentencePiece takes (WMT:
-    many minutes), no collective timeout can fire."""
+    """`load_data` on rank 0 first; the other ranks wait, then load its results from the
+    caches; no rank goes on until every rank has its data. All waiting is on files in the run
+    dir, not in collectives, so however long SentencePiece and encoding take (WMT: many
+    minutes), no collective timeout can fire."""
     if not ctx.enabled:
         return load_data(cfg, run_dir)
-    token = distributed.broadcast_object(uuid.uuid4().hex, ctx)
-    ready = run_dir / ".data_ready"
+    token = distributed.broadcast_object(uuid.uuid4().hex, ctx)  # new for every launch
+    ready = run_dir / ".ready"
     if ctx.is_main:
         data = load_data(cfg, run_dir)
-        atomic_write(ready, token)
-        return data
-    log.info("waiting for rank 0 to prepare the data")
-    distributed.wait_for_file(ready, token)
-    return load_data(cfg, run_dir)
+        atomic_write(ready / "prepared", token)
+    else:
+        log.info("waiting for rank 0 to prepare the data")
+        distributed.wait_for_file(ready / "prepared", token)
+        data = load_data(cfg, run_dir)
+    atomic_write(ready / f"loaded.{ctx.rank}", token)
+    for rank in range(ctx.world_size):
+        distributed.wait_for_file(ready / f"loaded.{rank}", token)
+    return data
 
 
 def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:

@@ -17,7 +17,6 @@ from data.tokenizer import TokenizerConfig
 from decoding.config import SearchConfig
 from model import ModelConfig
 
-
 # The `decoding` group's schema comes from SearchConfig itself (conf/decoding/*.yaml list it
 # first in their defaults), so its defaults are written once and every field can be overridden.
 # A plain dict: OmegaConf cannot type the Literal of `lp_type`.

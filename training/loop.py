@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -116,8 +117,12 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     progress = tqdm(total=trainer.max_steps or None, initial=state.step, unit="upd",
                     dynamic_ncols=True, disable=not (ctx.is_main and sys.stderr.isatty()))
     started = time.perf_counter()
+    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
     with _StopSignals() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
+            if launcher is not None and os.getppid() != launcher:  # torchrun's agent is gone
+                raise TrainingError(f"the torchrun launcher (PID {launcher}) has exited; this "
+                                    "worker stops too (rerun the command to resume)")
             grad_norm, stop_now = train_step(train_model, trainee, batches, cfg, ctx, window,
                                              stop.received is not None)
             state.step += 1
