@@ -48,7 +48,7 @@ def main(cfg: DictConfig) -> float:
                   f"{run_dir}/checkpoints/last.pt holds it: run the same command to resume")
         else:
             _print_summary(outcome.results, run_dir)
-    return outcome.results["valid"]["bleu"]
+    return outcome.results.get("valid", {}).get("bleu", 0.0)
 
 
 def _print_summary(results: dict, run_dir: str) -> None:

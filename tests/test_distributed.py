@@ -205,6 +205,7 @@ def test_sigterm_preemption_saves_exact_position_and_resumes(tmp_path):
     stopped = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
     assert "stopped by SIGTERM at step" in out, out[-3000:]
     assert f"stopped by SIGTERM at step {stopped};" in out
+    assert "ChildFailedError" not in out  # the workers exited 0
     assert not (run_dir / "checkpoints" / "best.pt").exists()  # saved without a validation
     assert not (run_dir / "results.json").exists()
 

@@ -1,0 +1,229 @@
+"""What a GPU run and a cluster need, shown on the CPU in one process: host reads per update,
+the prefetching loader, fp16 loss scaling, precision changes on resume, device checks, the
+run-dir lock and preemption of a single process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from itertools import islice
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from data.batching import collate, prefetch
+from decoding.checkpoint import load_checkpoint
+from tests.train_helpers import ROOT, params, toy, toy_cfg, train_cmd
+from training import build, distributed
+from training.loop import _updates, fit
+from training.run_dir import RunDirBusy, RunDirLock
+from training.state import TrainState
+
+T = torch.Tensor
+# Python-level reads of a tensor's value: on CUDA each one waits for the GPU.
+PY_READS = {T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy}
+# Operators that read device memory on the host inside C++ (CUDA syncs).
+SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+            torch.ops.aten.masked_select.default, torch.ops.aten.is_nonzero.default,
+            torch.ops.aten.equal.default}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts reads of tensor values by Python code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in PY_READS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class SyncOps(TorchDispatchMode):
+    """Counts operators that read values back to the host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNC_OPS:
+            self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _two_batches(run):
+    rows = run.data.train[list(range(16))]
+    special = run.data.tokenizer.special
+    return [collate(rows["src_ids"][:8], rows["tgt_ids"][:8], special),
+            collate(rows["src_ids"][8:], rows["tgt_ids"][8:], special)]
+
+
+def test_an_update_reads_one_value_back_to_the_host(tmp_path):
+    """Gradient accumulation over 2 micro-batches, Adam: one read per update (the gradient
+    norm, to skip a non-finite update). Before: 36 here (2 token counts, 2 loss sums, the norm,
+    and one Adam step counter per parameter tensor)."""
+    run = toy(tmp_path, "trainer.update_freq=2")
+    batches = _two_batches(run)
+    run.update(batches)  # the optimizer creates its state
+    with HostReads() as reads, SyncOps() as ops:
+        for _ in range(3):
+            run.update(batches)
+    assert reads.calls == ["tolist"] * 3
+    assert ops.calls == []
+
+
+def test_prefetch_gives_the_same_batches_in_the_same_order(tmp_path):
+    run = toy(tmp_path, "trainer.max_tokens=96")
+    loader = build.train_batches(run.data, run.cfg, run.ctx)
+    direct = [b.indices for b in loader.epoch(1)]
+    ahead = [b.indices for b in prefetch(loader.epoch(1), depth=2)]
+    assert direct == ahead and len(direct) > 3
+    assert [b.indices for b in prefetch(loader.epoch(1, start=2), depth=3)] == direct[2:]
+
+
+def test_prefetch_raises_the_producers_error_where_it_happened():
+    def batches():
+        yield 1
+        yield 2
+        raise ValueError("bad row")
+
+    got = []
+    with pytest.raises(ValueError, match="bad row"):
+        for item in prefetch(batches(), depth=4):
+            got.append(item)
+    assert got == [1, 2]
+
+
+def test_resume_position_counts_batches_handed_out_not_prefetched(tmp_path):
+    """Take 3 updates from a prefetching loader, then start a second one from the state it
+    recorded: together they give exactly the batches of one uninterrupted pass."""
+    run = toy(tmp_path, "trainer.update_freq=2", "trainer.max_tokens=96")
+    loader = build.train_batches(run.data, run.cfg, run.ctx)
+
+    def take(state: TrainState, n: int) -> list[list[list[int]]]:
+        updates = _updates(loader, state, 2, 0, 2, False)
+        return [[b.indices for b in group] for group in islice(updates, n)]
+
+    straight = take(TrainState(), 20)  # more than one epoch
+    first_state = TrainState()
+    first = take(first_state, 3)
+    saved = TrainState(epoch=first_state.epoch, batches_done=first_state.batches_done)
+    assert saved.batches_done == 6
+    assert first + take(saved, 17) == straight
+
+
+def test_fp16_overflow_lowers_the_loss_scale_without_counting_as_divergence(tmp_path):
+    run = toy(tmp_path, "trainer.precision=fp16", "trainer.max_nonfinite=1")
+    run.trainee.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)  # overflows for sure
+    batches = _two_batches(run)[:1]
+    before = params(run.trainee.model)
+    grad_norm, _ = run.update(batches)  # skipped, not fatal although max_nonfinite=1
+    assert grad_norm != grad_norm or grad_norm == float("inf")
+    assert run.trainee.state.nonfinite_streak == 0
+    assert run.trainee.scaler.get_scale() == 2.0**59
+    for name, value in params(run.trainee.model).items():
+        torch.testing.assert_close(value, before[name], atol=0, rtol=0)
+    for _ in range(60):  # the scale halves until the gradients fit, then training goes on
+        grad_norm, _ = run.update(batches)
+    assert grad_norm == grad_norm and grad_norm < float("inf")
+
+
+def test_resume_with_another_precision(tmp_path):
+    """A bf16 run (no loss scale saved) resumed with fp16 starts a fresh loss scale."""
+    fit(toy_cfg(tmp_path, "trainer.precision=bf16", "trainer.max_steps=4",
+                "trainer.eval_every=4"), tmp_path / "run")
+    fit(toy_cfg(tmp_path, "trainer.precision=fp16", "trainer.max_steps=6",
+                "trainer.eval_every=2"), tmp_path / "run")
+    assert load_checkpoint(tmp_path / "run/checkpoints/last.pt")["train_state"]["step"] == 6
+
+
+def test_local_rank_beyond_the_visible_gpus_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(distributed.DeviceError, match="LOCAL_RANK=3 but only 2 CUDA"):
+        distributed.pick_device("auto", local_rank=3)
+
+
+def test_gpu_machine_with_cpu_only_torch_refuses_auto(tmp_path):
+    """An NVIDIA driver (nvidia-smi on PATH) but a CPU torch: `auto` stops with one line;
+    `trainer.device=cpu` trains on the CPU as asked."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine's torch has CUDA")
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho fake\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    auto = subprocess.run(train_cmd(tmp_path / "a", "trainer.device=auto"), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert auto.returncode == 2 and "Traceback" not in auto.stderr
+    errors = [line for line in auto.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1 and "CPU-only build" in errors[0] and "trainer.device=cpu" in errors[0]
+    cpu = subprocess.run(train_cmd(tmp_path / "c", "trainer.device=cpu", "trainer.max_steps=2",
+                                   "trainer.eval_every=2"), cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert cpu.returncode == 0, cpu.stderr[-2000:]
+
+
+def test_run_dir_lock_names_the_holder_and_is_released_on_exit(tmp_path):
+    lock = RunDirLock(tmp_path)
+    with pytest.raises(RunDirBusy, match=f"PID {os.getpid()}"):
+        RunDirLock(tmp_path)
+    lock.release()
+    RunDirLock(tmp_path).release()  # free again
+
+
+def test_second_run_on_a_live_run_dir_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(train_cmd(run_dir, "trainer.max_steps=100000",
+                                       "trainer.eval_every=3"), cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoints" / "last.pt").exists():
+            assert time.time() < deadline and first.poll() is None
+            time.sleep(0.2)
+        config = (run_dir / ".hydra" / "config.yaml").read_text()
+        second = subprocess.run(train_cmd(run_dir, "trainer.max_steps=5", "model.d_model=64"),
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        errors = [ln for ln in second.stderr.splitlines() if ln.startswith("train.py: error:")]
+        assert len(errors) == 1 and f"in use by a live run (PID {first.pid})" in errors[0]
+        assert (run_dir / ".hydra" / "config.yaml").read_text() == config  # nothing touched
+    finally:
+        first.kill()
+        first.wait()
+    step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
+    third = subprocess.run(train_cmd(run_dir, f"trainer.max_steps={step + 3}",
+                                     "trainer.eval_every=3"),
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0, third.stderr[-2000:]  # the dead run's lock is taken over
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preempted_single_process_saves_its_step_and_resumes_there(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    args = ("trainer.eval_every=1000", "trainer.log_every=1")
+    proc = subprocess.Popen(train_cmd(run_dir, "trainer.max_steps=100000", *args), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = run_dir / "train.log"
+    deadline = time.time() + 120
+    while not (log.exists() and "| loss" in log.read_text()):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
+    assert f"stopped by {sig.name} at step {step};" in out
+    done = subprocess.run(train_cmd(run_dir, f"trainer.max_steps={step + 2}", *args), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"at step {step} " in log.read_text()
