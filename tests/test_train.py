@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -220,3 +221,13 @@ def test_early_stopping_on_bleu_patience(tmp_path):
                 "trainer.max_steps=50"), tmp_path / "run")
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 4 and results["best_step"] == 2
+
+
+def test_documented_debug_command_runs(tmp_path):
+    """conf/debug/fast.yaml's own example, as written there (plus a private run dir/cache)."""
+    proc = subprocess.run([sys.executable, "train.py", "debug=fast", "data.dir=tests/fixtures/toy",
+                           f"hydra.run.dir={tmp_path / 'run'}",
+                           f"data.cache_dir={tmp_path / 'cache'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "test test: BLEU" in proc.stdout
