@@ -99,18 +99,18 @@ class Configs:
         return configs
 
     def validate(self) -> None:
-        t, o = self.trainer, self.optim
-        _choice("trainer.precision", t.precision, ("fp32", "bf16", "fp16"))
-        _choice("optim.name", o.name, ("adam", "adamw"))
-        _choice("optim.schedule", o.schedule, ("inverse_sqrt", "noam"))
-        for key, value in (("trainer.max_tokens", t.max_tokens),
-                           ("trainer.update_freq", t.update_freq),
-                           ("trainer.eval_every", t.eval_every),
-                           ("trainer.log_every", t.log_every),
-                           ("trainer.dist_timeout", t.dist_timeout)):
+        trainer, optim = self.trainer, self.optim
+        _choice("trainer.precision", trainer.precision, ("fp32", "bf16", "fp16"))
+        _choice("optim.name", optim.name, ("adam", "adamw"))
+        _choice("optim.schedule", optim.schedule, ("inverse_sqrt", "noam"))
+        for key, value in (("trainer.max_tokens", trainer.max_tokens),
+                           ("trainer.update_freq", trainer.update_freq),
+                           ("trainer.eval_every", trainer.eval_every),
+                           ("trainer.log_every", trainer.log_every),
+                           ("trainer.dist_timeout", trainer.dist_timeout)):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be positive")
-        if t.max_steps <= 0 and t.max_epochs <= 0:
+        if trainer.max_steps <= 0 and trainer.max_epochs <= 0:
             raise ConfigError("trainer.max_steps and trainer.max_epochs are both 0: set one of them")
         if self.model.share_embeddings and not self.tokenizer.joint:
             raise ConfigError(

@@ -125,9 +125,9 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     """Sum a few scalars over ranks (float64 so token counts stay exact). One host read."""
     if not ctx.enabled:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.tolist()
+    sums = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(sums)
+    return sums.tolist()
 
 
 def all_reduce_(tensor: torch.Tensor, ctx: DistContext, op: str = "sum") -> torch.Tensor:
