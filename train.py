@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from common.errors import UserError
 from training.loop import fit
-from training.run_dir import check_run_dir_free, torchrun_run_dir
+from training.run_dir import check_run_dir_free, torchrun_overrides
 
 PROG = "train.py"
 RANK = int(os.environ.get("RANK", "0"))
@@ -72,30 +72,10 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _torchrun_overrides(argv: list[str]) -> list[str]:
-    """Extra Hydra overrides under torchrun: one run dir for all ranks and restarts, and no
-    files (`.hydra/`, `train.log`) or INFO logging from ranks other than 0."""
-    if "LOCAL_RANK" not in os.environ:
-        return []
-    extra = []
-    if not any(arg.startswith("hydra.run.dir=") for arg in argv):
-        extra.append(f"hydra.run.dir={torchrun_run_dir()}")
-    if RANK > 0:
-        extra += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
-    return extra
-
-
-def _run_dir_of(argv: list[str]) -> str | None:
-    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("hydra.run.dir=")]
-    return given[-1] if given else None
-
-
 if __name__ == "__main__":
     try:
-        sys.argv += _torchrun_overrides(sys.argv[1:])
-        run_dir = _run_dir_of(sys.argv[1:])
-        if RANK == 0 and run_dir and "-m" not in sys.argv and "--multirun" not in sys.argv:
-            check_run_dir_free(run_dir)  # before Hydra writes .hydra/ and train.log there
+        sys.argv += torchrun_overrides(sys.argv[1:])
+        check_run_dir_free(sys.argv[1:])  # before Hydra writes .hydra/ and train.log there
     except UserError as e:
         _fail(str(e))
     main()

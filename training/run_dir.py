@@ -60,10 +60,14 @@ class RunDirLock:
         self.release()
 
 
-def check_run_dir_free(run_dir: str | Path) -> None:
-    """Raise `RunDirBusy` if a live run holds `run_dir` (a check that takes nothing)."""
-    if (Path(run_dir) / LOCK_NAME).exists():
-        RunDirLock(run_dir).release()
+def check_run_dir_free(argv: list[str]) -> None:
+    """Raise `RunDirBusy` if a live run holds the `hydra.run.dir=` of these `train.py`
+    arguments (a check that takes nothing; rank 0 only; not for Hydra multiruns)."""
+    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("hydra.run.dir=")]
+    if not given or os.environ.get("RANK", "0") != "0" or {"-m", "--multirun"} & set(argv):
+        return
+    if (Path(given[-1]) / LOCK_NAME).exists():
+        RunDirLock(given[-1]).release()
 
 
 def _read_pid(fd: int) -> str:
@@ -89,3 +93,16 @@ def torchrun_run_dir() -> str:
             )
         run_id = f"agent{os.getppid()}"
     return f"outputs/torchrun/{run_id}"
+
+
+def torchrun_overrides(argv: list[str]) -> list[str]:
+    """Extra Hydra overrides for `train.py` under torchrun: one run dir for all ranks and
+    restarts, and no files (`.hydra/`, `train.log`) or INFO logging from ranks other than 0."""
+    if "LOCAL_RANK" not in os.environ:
+        return []
+    extra = []
+    if not any(arg.startswith("hydra.run.dir=") for arg in argv):
+        extra.append(f"hydra.run.dir={torchrun_run_dir()}")
+    if os.environ.get("RANK", "0") != "0":
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    return extra
