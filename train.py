@@ -45,7 +45,7 @@ def main(cfg: DictConfig) -> float:
     if RANK == 0:
         if outcome.preempted:
             print(f"stopped by {outcome.preempted} at step {outcome.results['steps']}; "
-                  f"{run_dir}/checkpoints/last.pt holds it: run the same command to resume")
+                  f"checkpoints/last.pt holds it: rerun with hydra.run.dir={run_dir} to resume")
         else:
             _print_summary(outcome.results, run_dir)
     return outcome.results.get("valid", {}).get("bleu", 0.0)
@@ -67,7 +67,8 @@ def _fail(message: str) -> None:
     if RANK > 0:
         time.sleep(5)
         message = f"[rank {RANK}] {message}"
-    log.error("%s", message)  # keeps the reason in train.log too
+    if RANK == 0 and logging.getLogger().handlers:  # Hydra's logging: keep it in train.log
+        log.error("%s", message)
     print(f"{PROG}: error: {message}", file=sys.stderr)
     sys.exit(2)
 

@@ -111,7 +111,7 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
         indices = next(iter(sampler))
         rows = run.data.train[indices]
         batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special, indices)
-        train_step(model, run.trainee, [batch], run.cfg, ctx, _Window(ctx.device), False)
+        train_step(model, run.trainee, [batch], run.cfg, ctx, _Window(ctx.device), lambda: False)
         torch.save({"indices": indices, "params": params(run.trainee.model)},
                    tmp_path / f"rank{rank}.pt")
     finally:

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from data.batching import collate, prefetch
-from decoding.checkpoint import load_checkpoint
+from decoding.checkpoint import load_checkpoint, save_checkpoint
 from tests.train_helpers import ROOT, params, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import _updates, fit
@@ -227,3 +227,20 @@ def test_preempted_single_process_saves_its_step_and_resumes_there(tmp_path, sig
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"at step {step} " in log.read_text()
+
+
+def test_a_run_stopped_before_validating_an_eval_step_validates_it_on_resume(tmp_path, caplog):
+    """Preemption saves last.pt after update k but before its validation; the resumed run
+    validates step k first, so best.pt and early stopping see every validation."""
+    fit(toy_cfg(tmp_path, "trainer.max_steps=6", "trainer.eval_every=3"), tmp_path / "run")
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    ckpt = load_checkpoint(ckpt_dir / "last.pt")
+    ckpt["train_state"]["validated_step"] = 3  # as a preemption right after step 6 leaves it
+    save_checkpoint(ckpt_dir / "last.pt", ckpt)
+    (ckpt_dir / "step_6.pt").unlink()
+    with caplog.at_level("INFO", logger="training.evaluate"):
+        fit(toy_cfg(tmp_path, "trainer.max_steps=7", "trainer.eval_every=3"), tmp_path / "run")
+    validated = [r.getMessage().split("|")[0] for r in caplog.records if "valid step" in r.message]
+    assert validated == ["valid step 6 ", "valid step 7 "]
+    assert (ckpt_dir / "step_6.pt").exists()
+    assert load_checkpoint(ckpt_dir / "last.pt")["train_state"]["validated_step"] == 7

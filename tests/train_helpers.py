@@ -44,7 +44,7 @@ class Toy:
         """One `train_step` on the plain model, as `fit` runs it in one process."""
         window = _Window(self.ctx.device)
         grad_norm, stop = train_step(self.trainee.model, self.trainee, batches, self.cfg,
-                                     self.ctx, window, False)
+                                     self.ctx, window, lambda: False)
         self.trainee.state.step += 1
         return grad_norm, stop
 

@@ -58,21 +58,28 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
     """`load_data` on rank 0 first; the other ranks wait, then load its results from the
     caches; no rank goes on until every rank has its data. All waiting is on files in the run
     dir, not in collectives, so however long SentencePiece and encoding take (WMT: many
-    minutes), no collective timeout can fire."""
+    minutes), no collective timeout can fire. A rank that fails says so in `.ready/failed`, so
+    the others stop with its message instead of waiting (on another node, torchrun could not
+    stop them)."""
     if not ctx.enabled:
         return load_data(cfg, run_dir)
     token = distributed.broadcast_object(uuid.uuid4().hex, ctx)  # new for every launch
     ready = run_dir / ".ready"
-    if ctx.is_main:
+    failed = ready / "failed"
+    try:
+        if not ctx.is_main:
+            log.info("waiting for rank 0 to prepare the data")
+            distributed.wait_for_file(ready / "prepared", token, failed)
         data = load_data(cfg, run_dir)
-        atomic_write(ready / "prepared", token)
-    else:
-        log.info("waiting for rank 0 to prepare the data")
-        distributed.wait_for_file(ready / "prepared", token)
-        data = load_data(cfg, run_dir)
+        if ctx.is_main:
+            atomic_write(ready / "prepared", token)
+    except Exception as e:
+        if not isinstance(e, distributed.PeerFailed):
+            atomic_write(failed, f"{token} rank {ctx.rank}: {e}")
+        raise
     atomic_write(ready / f"loaded.{ctx.rank}", token)
     for rank in range(ctx.world_size):
-        distributed.wait_for_file(ready / f"loaded.{rank}", token)
+        distributed.wait_for_file(ready / f"loaded.{rank}", token, failed)
     return data
 
 

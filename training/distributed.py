@@ -7,7 +7,7 @@ What a rank does, in order (see `training/loop.py::fit`):
    filesystem); otherwise every rank stops with one line instead of diverging.
 3. Rank 0 prepares the data (SentencePiece, encoded caches) while the others wait for a file,
    not in a collective, so slow preparation can never trip the collective timeout
-   (`wait_for_file`).
+   (`wait_for_file`, `training/build.py::prepare_data`).
 """
 
 from __future__ import annotations
@@ -193,13 +193,28 @@ def check_shared_run_dir(run_dir: Path, ctx: DistContext) -> None:
         )
 
 
-def wait_for_file(path: Path, content: str, poll_s: float = 0.5) -> None:
-    """Block until `path` holds `content` (rank 0's "data prepared" token). No collective, so
-    no timeout: if rank 0 dies, torchrun ends this process."""
+class PeerFailed(UserError):
+    """Another rank failed while this one waited for it."""
+
+
+def wait_for_file(path: Path, token: str, failed: Path, poll_s: float = 0.5) -> None:
+    """Block until `path` holds `token` (a peer's "done" note for this launch). No collective,
+    so no timeout. Raises `PeerFailed` when `failed` holds this launch's token (a peer's error),
+    or when torchrun's launcher is gone."""
+    launcher = os.getppid()
     while True:
-        try:
-            if path.read_text(encoding="utf-8") == content:
-                return
-        except OSError:
-            pass
+        if _read(path) == token:
+            return
+        note = _read(failed)
+        if note.startswith(f"{token} "):
+            raise PeerFailed(note.removeprefix(f"{token} "))
+        if "TORCHELASTIC_RUN_ID" in os.environ and os.getppid() != launcher:
+            raise PeerFailed(f"the torchrun launcher (PID {launcher}) has exited")
         time.sleep(poll_s)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""

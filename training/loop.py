@@ -18,8 +18,9 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +64,8 @@ def fit(cfg: DictConfig, run_dir: str | Path) -> Outcome:
     if trainer.num_threads > 0:
         torch.set_num_threads(trainer.num_threads)
     lock = RunDirLock(run_dir) if distributed.is_main_process() else None
-    ctx = distributed.setup(trainer.device, trainer.dist_timeout, trainer.tf32)
     try:
+        ctx = distributed.setup(trainer.device, trainer.dist_timeout, trainer.tf32)
         distributed.check_shared_run_dir(run_dir, ctx)
         outcome = train(configs, run_dir, ctx)
     except BaseException:
@@ -107,42 +108,42 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
             state.bad_evals = 0
         else:
             state.bad_evals += 1
+        state.validated_step = state.step
         save(trainee, data.tokenizer, cfg.raw, ckpt_dir, trainer.keep_last, ctx, is_best=improved)
         distributed.barrier(ctx)
 
     updates = _updates(build.train_batches(data, cfg, ctx), state, trainer.update_freq,
                        trainer.max_epochs, trainer.prefetch, ctx.device.type == "cuda")
     window = _Window(ctx.device)
-    validated_step = state.step if state.step > 0 else -1
     progress = tqdm(total=trainer.max_steps or None, initial=state.step, unit="upd",
                     dynamic_ncols=True, disable=not (ctx.is_main and sys.stderr.isatty()))
+    interrupted_eval = state.step > 0 and state.step % trainer.eval_every == 0
+    if interrupted_eval and state.validated_step != state.step:
+        validate_and_save()  # the last run stopped between this update and its validation
     started = time.perf_counter()
-    launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
     with _StopSignals() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
-            if launcher is not None and os.getppid() != launcher:  # torchrun's agent is gone
-                raise TrainingError(f"the torchrun launcher (PID {launcher}) has exited; this "
-                                    "worker stops too (rerun the command to resume)")
             grad_norm, stop_now = train_step(train_model, trainee, batches, cfg, ctx, window,
-                                             stop.received is not None)
+                                             stop.requested)
             state.step += 1
             progress.update(1)
             if state.step % trainer.log_every == 0:
                 progress.set_postfix(_log_train(window, trainee, grad_norm, logger, ctx))
-            if stop_now:  # every rank stops after this same update
+            if stop_now:  # every rank stops after this same update, before validating it
                 state.train_seconds += time.perf_counter() - started
                 save(trainee, data.tokenizer, cfg.raw, ckpt_dir, 0, ctx)
                 distributed.barrier(ctx)
-                log.warning("stopped by %s after step %d; checkpoints/last.pt saved",
-                            stop.received or "a signal on another rank", state.step)
-                return Outcome({"steps": state.step}, preempted=stop.received or "signal")
+                reason = stop.reason or "a stop request on another rank"
+                log.warning("stopped by %s after step %d; checkpoints/last.pt saved", reason,
+                            state.step)
+                return Outcome({"steps": state.step}, preempted=reason)
             if state.step % trainer.eval_every == 0:
                 state.train_seconds += time.perf_counter() - started
                 validate_and_save()
-                validated_step, started = state.step, time.perf_counter()
+                started = time.perf_counter()
     progress.close()
     state.train_seconds += time.perf_counter() - started
-    if validated_step != state.step:
+    if state.validated_step != state.step:
         validate_and_save()  # the final state is always validated and saved
     best = ckpt_dir / "best.pt"
     if best.is_file():
@@ -155,11 +156,12 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
 
 
 def train_step(model: torch.nn.Module, trainee: Trainee, batches: list[Batch], cfg: Configs,
-               ctx: distributed.DistContext, window: _Window, stop: bool) -> tuple[float, bool]:
+               ctx: distributed.DistContext, window: _Window,
+               stop_requested: Callable[[], bool]) -> tuple[float, bool]:
     """One optimizer update over `batches` (gradient accumulation): forward, loss, backward,
     clip, step, schedule. Equal to one big batch: gradients are normalised by the target
     tokens of the whole update on all ranks. Returns the gradient norm and whether any rank
-    was asked to stop, from the update's one host read."""
+    was asked to stop (asked at the end of this update), from the update's one host read."""
     optimizer, scaler, state = trainee.optimizer, trainee.scaler, trainee.state
     trainer, optim = cfg.trainer, cfg.optim
     model.train()
@@ -186,7 +188,7 @@ def train_step(model: torch.nn.Module, trainee: Trainee, batches: list[Batch], c
     grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), max_norm)
     for group in optimizer.param_groups:
         group["lr"] = build.learning_rate(state.step + 1, optim, trainee.model.cfg.d_model)
-    flags = torch.stack([grad_norm.float(), _full(stop, ctx.device)])
+    flags = torch.stack([grad_norm.float(), _full(stop_requested(), ctx.device)])
     grad_norm_value, stop_value = distributed.all_reduce_(flags, ctx, op="max").tolist()
     if math.isfinite(grad_norm_value):
         optimizer.step()
@@ -306,22 +308,29 @@ def _wrap(model: torch.nn.Module, ctx: distributed.DistContext, compile: bool) -
 
 
 class _StopSignals:
-    """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption) set `received`
-    instead of killing the process; the loop saves after the current update and returns."""
+    """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption) are recorded
+    instead of killing the process, and so is the death of torchrun's launcher (it starts each
+    worker in a session of its own, so orphaned workers would train on): the loop then saves
+    after the current update, on every rank at the same step, and returns."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self) -> None:
-        self.received: str | None = None
+        self.reason: str | None = None
         self._previous: dict[int, Any] = {}
+        self._launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+
+    def requested(self) -> bool:
+        if self.reason is None and self._launcher is not None and os.getppid() != self._launcher:
+            self.reason = f"the exit of the torchrun launcher (PID {self._launcher})"
+            log.warning("%s: stopping after the current update", self.reason)
+        return self.reason is not None
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
-        log.warning("%s received: stopping after the current update", self.received)
+        self.reason = signal.Signals(signum).name
+        log.warning("%s received: stopping after the current update", self.reason)
 
     def __enter__(self) -> _StopSignals:
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

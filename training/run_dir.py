@@ -67,7 +67,11 @@ def check_run_dir_free(argv: list[str]) -> None:
     if not given or os.environ.get("RANK", "0") != "0" or {"-m", "--multirun"} & set(argv):
         return
     if (Path(given[-1]) / LOCK_NAME).exists():
-        RunDirLock(given[-1]).release()
+        try:
+            RunDirLock(given[-1]).release()
+        except PermissionError as e:
+            raise UserError(f"cannot use run dir {given[-1]} ({e.strerror}); choose another "
+                            "hydra.run.dir") from None
 
 
 def _read_pid(fd: int) -> str:
@@ -79,7 +83,9 @@ def torchrun_run_dir() -> str:
     """The default run dir of a torchrun launch: `outputs/torchrun/<id>`.
 
     `<id>` is the rendezvous id (`--rdzv-id`; a fresh UUID per launch with `--standalone`),
-    else, on one node, the launcher's PID (the parent of every worker, kept across restarts).
+    else, on one node, the launcher's PID and start time (the parent of every worker: the same
+    across its restarts, different for the next launch even where PIDs repeat, as in
+    containers).
 
     Raises:
         UserError: a multi-node launch with neither `--rdzv-id` nor `hydra.run.dir`.
@@ -91,7 +97,12 @@ def torchrun_run_dir() -> str:
                 "training on several nodes needs one run dir that every node shares: pass "
                 "hydra.run.dir=/shared/path (the same on every node)"
             )
-        run_id = f"agent{os.getppid()}"
+        parent = os.getppid()
+        try:  # field 22 of /proc/PID/stat: start time in clock ticks since boot
+            started = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        except (OSError, IndexError):
+            started = "0"
+        run_id = f"agent{parent}-{started}"
     return f"outputs/torchrun/{run_id}"
 
 

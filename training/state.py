@@ -42,6 +42,7 @@ class TrainState:
     nonfinite_total: int = 0
     train_seconds: float = 0.0
     world_size: int = 1  # ranks that trained it (the data order and RNG streams depend on it)
+    validated_step: int = -1  # the last step validated (a preempted run may stop before one)
 
 
 @dataclass
@@ -90,12 +91,13 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             "config or start a new run dir (hydra.run.dir=...)"
         )
     model.load_state_dict(ckpt["model"])
-    trainee.optimizer.load_state_dict(ckpt["optimizer"])
+    _load_optimizer(trainee.optimizer, ckpt["optimizer"], last)
     if trainee.scaler.is_enabled() and not ckpt["scaler"]:
         log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
     elif trainee.scaler.is_enabled():
         trainee.scaler.load_state_dict(ckpt["scaler"])
-    trainee.state = TrainState(**{"world_size": 1, **ckpt["train_state"]})
+    saved = ckpt["train_state"]  # older checkpoints: 1 rank, written at validations only
+    trainee.state = TrainState(**{"world_size": 1, "validated_step": saved["step"], **saved})
     saved_world = trainee.state.world_size
     rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
     if len(rngs) == ctx.world_size:
@@ -109,6 +111,23 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
         log.info("resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))", last,
                  trainee.state.step, trainee.state.epoch, trainee.state.batches_done, saved_world)
     return True
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict, path: Path) -> None:
+    """Load the moments and step counters, but keep this run's hyper-parameters and
+    implementation (`load_state_dict` would restore the saved `fused`, betas, eps...)."""
+    wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, settings in zip(optimizer.param_groups, wanted, strict=True):
+        changed = sorted(k for k, v in settings.items() if k != "lr" and group.get(k) != v)
+        if changed:
+            log.info("%s: optimizer settings from this config win: %s", path, ", ".join(changed))
+        group.update(settings)
+        if group.get("fused") or group.get("capturable"):  # their step counters live on the device
+            for param in group["params"]:
+                step = optimizer.state.get(param, {}).get("step")
+                if step is not None:
+                    optimizer.state[param]["step"] = step.to(param.device, torch.float32)
 
 
 def seed_everything(seed: int) -> None:
