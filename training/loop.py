@@ -303,7 +303,13 @@ def _wrap(model: torch.nn.Module, ctx: distributed.DistContext, compile: bool) -
         ids = None if ctx.device.type == "cpu" else [ctx.device.index]
         wrapped = DistributedDataParallel(model, device_ids=ids)
     if compile:
-        wrapped = torch.compile(wrapped, dynamic=True)
+        compiled = torch.compile(wrapped, dynamic=True)
+        # Duck sizing gives sizes that are equal in the first batch (S == T, B == S) one symbol,
+        # so the first batch where they differ recompiles: off while tracing, so that every
+        # batch with B, S, T >= 2 runs one graph (B = 1 or T = 1 adds one each: 0/1 is special).
+        no_duck = torch.fx.experimental._config.patch(use_duck_shape=False)
+        compiled.forward = no_duck(compiled.forward)
+        wrapped = compiled
     return wrapped
 
 
