@@ -35,8 +35,11 @@ log = logging.getLogger("train")
 def main(cfg: DictConfig) -> float:
     """Returns the best validation BLEU, so a Hydra sweeper can optimise it."""
     if RANK > 0:  # Hydra set up no logging here (see _torchrun_overrides)
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                            format=f"[rank {RANK}] %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.WARNING,
+            stream=sys.stderr,
+            format=f"[rank {RANK}] %(levelname)s %(name)s: %(message)s",
+        )
     run_dir = HydraConfig.get().runtime.output_dir
     try:
         outcome = fit(cfg, run_dir)
@@ -44,19 +47,25 @@ def main(cfg: DictConfig) -> float:
         _fail(str(e))
     if RANK == 0:
         if outcome.preempted:
-            print(f"stopped by {outcome.preempted} at step {outcome.results['steps']}; "
-                  f"checkpoints/last.pt holds it: rerun with hydra.run.dir={run_dir} to resume")
+            print(
+                f"stopped by {outcome.preempted} at step {outcome.results['steps']}; "
+                f"checkpoints/last.pt holds it: rerun with hydra.run.dir={run_dir} to resume"
+            )
         else:
             _print_summary(outcome.results, run_dir)
     return outcome.results.get("valid", {}).get("bleu", 0.0)
 
 
 def _print_summary(results: dict, run_dir: str) -> None:
-    print(f"best valid BLEU {results['valid']['bleu']:.2f} "
-          f"(step {results['best_step']} of {results['steps']})")
+    print(
+        f"best valid BLEU {results['valid']['bleu']:.2f} "
+        f"(step {results['best_step']} of {results['steps']})"
+    )
     for split, score in results["test"].items():
-        print(f"test {split}: BLEU {score['bleu']:.2f}  chrF {score['chrf']:.2f}  "
-              f"{score['signature']}")
+        print(
+            f"test {split}: BLEU {score['bleu']:.2f}  chrF {score['chrf']:.2f}  "
+            f"{score['signature']}"
+        )
     print(f"results in {run_dir}/results.json")
 
 

@@ -59,8 +59,11 @@ _STEP_FILE = re.compile(r"step_(\d+)\.pt")
 
 def step_checkpoints(folder: str | Path) -> list[Path]:
     """The `step_<N>.pt` files of a checkpoints folder, oldest (smallest N) first."""
-    found = [(int(m.group(1)), p) for p in Path(folder).glob("step_*.pt")
-             if (m := _STEP_FILE.fullmatch(p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in Path(folder).glob("step_*.pt")
+        if (m := _STEP_FILE.fullmatch(p.name))
+    ]
     return [path for _, path in sorted(found)]
 
 
@@ -98,8 +101,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             "only checkpoints written by this toolkit can be loaded"
         ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else ""
         raise CheckpointError(
-            f"cannot read checkpoint {path} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"cannot read checkpoint {path} ({type(e).__name__}: {reason}); "
             "the file is truncated or not a checkpoint: use another one (e.g. checkpoints/last.pt)"
         ) from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
@@ -133,6 +137,8 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu") -> 
     try:
         tokenizer = Tokenizer.from_state_dict(ckpt["tokenizer"])
     except (DataError, KeyError, TypeError) as e:
-        raise CheckpointError(f"the tokenizer stored in {path} is unusable ({e}); "
-                              "use a checkpoint written by train.py") from None
+        raise CheckpointError(
+            f"the tokenizer stored in {path} is unusable ({e}); "
+            "use a checkpoint written by train.py"
+        ) from None
     return InferenceBundle(model, tokenizer, ckpt)

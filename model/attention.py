@@ -37,7 +37,9 @@ def lengths_to_mask(valid_lens: Tensor, n_keys: int) -> Tensor:
     return mask.unsqueeze(1) if valid_lens.dim() == 1 else mask
 
 
-def causal_mask(n_queries: int, n_keys: int | None = None, device: torch.device | None = None) -> Tensor:
+def causal_mask(
+    n_queries: int, n_keys: int | None = None, device: torch.device | None = None
+) -> Tensor:
     """(T, S) bool: query i may see keys j <= i + (S - T).
 
     Right-aligned, so that with a KV cache (S > T: the queries are the last T positions) each

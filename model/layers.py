@@ -91,7 +91,9 @@ class DecoderLayer(_ResidualLayer):
     ) -> LayerOutput:
         self_out = self._self_attention(self.sublayer_input(x, 0), cache, need_weights)
         x = self.residual(x, self_out.output, 0)
-        cross_out = self._cross_attention(self.sublayer_input(x, 1), memory, src_mask, cache, need_weights)
+        cross_out = self._cross_attention(
+            self.sublayer_input(x, 1), memory, src_mask, cache, need_weights
+        )
         x = self.residual(x, cross_out.output, 1)
         x = self.residual(x, self.feed_forward(self.sublayer_input(x, 2)), 2)
         return LayerOutput(x, self_out.weights, cross_out.weights)
@@ -124,4 +126,3 @@ class DecoderLayer(_ResidualLayer):
             if cache is not None:
                 cache.cross_k, cache.cross_v = k, v
         return self.cross_attn.attend(q, k, v, mask=src_mask, need_weights=need_weights)
-

@@ -33,9 +33,9 @@ What is timed (each model gets the same random batch, the same precision, the sa
 
 Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
 so that machine noise hits every model alike; medians are reported and the ratio ours/peer is
-printed last for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as the trainer
-does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are uniform in
-[max_len/2, max_len] on each side.
+printed last for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as
+the trainer does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are
+uniform in [max_len/2, max_len] on each side.
 
 CPU defaults (a few minutes on 2 cores): preset tiny, 2048-token batches (the default Multi30k
 run's), 64 sentences decoded to 24 tokens, fp32 eager. GPU defaults: preset base, 4096- and

@@ -10,8 +10,10 @@ from tests.train_helpers import CONF
 from training.config import ConfigError, Configs
 
 # SPEC.md's experiments and model presets, plus every other file: each must compose.
-EXPERIMENTS = sorted({"multi30k_en_de", "multi30k_de_en", "iwslt14_de_en", "wmt14_en_de"}
-                     | {p.stem for p in (CONF / "experiment").glob("*.yaml")})
+EXPERIMENTS = sorted(
+    {"multi30k_en_de", "multi30k_de_en", "iwslt14_de_en", "wmt14_en_de"}
+    | {p.stem for p in (CONF / "experiment").glob("*.yaml")}
+)
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 
 
@@ -29,8 +31,12 @@ def test_every_experiment_composes(experiment):
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("base", (512, 8, 2048, 6, 6, 0.1)), ("big", (1024, 16, 4096, 6, 6, 0.3)),
-     ("small", (512, 4, 1024, 6, 6, 0.3)), ("tiny", (256, 4, 1024, 3, 3, 0.1))],
+    [
+        ("base", (512, 8, 2048, 6, 6, 0.1)),
+        ("big", (1024, 16, 4096, 6, 6, 0.3)),
+        ("small", (512, 4, 1024, 6, 6, 0.3)),
+        ("tiny", (256, 4, 1024, 3, 3, 0.1)),
+    ],
 )
 def test_model_presets_match_the_paper(name, expected):
     m = Configs.from_hydra(_compose(f"model={name}")).model  # the command line beats experiments
@@ -40,9 +46,17 @@ def test_model_presets_match_the_paper(name, expected):
 
 def test_spec_keys_reach_the_typed_config():
     """Every key SPEC.md names can be set on the command line and arrives where code reads it."""
-    values = {"data.dir": "/corpus", "data.src_lang": "fr", "data.tgt_lang": "cs",
-              "trainer.max_steps": 7, "trainer.device": "cpu", "trainer.seed": 9,
-              "trainer.precision": "bf16", "trainer.max_tokens": 321, "trainer.eval_every": 3}
+    values = {
+        "data.dir": "/corpus",
+        "data.src_lang": "fr",
+        "data.tgt_lang": "cs",
+        "trainer.max_steps": 7,
+        "trainer.device": "cpu",
+        "trainer.seed": 9,
+        "trainer.precision": "bf16",
+        "trainer.max_tokens": 321,
+        "trainer.eval_every": 3,
+    }
     configs = Configs.from_hydra(_compose(*(f"{k}={v}" for k, v in values.items())))
     for key, value in values.items():
         group, name = key.split(".")

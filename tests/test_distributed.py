@@ -27,15 +27,27 @@ pytestmark = pytest.mark.slow
 
 
 def _run(cmd: list[str], cwd: Path = ROOT, env: dict | None = None, timeout: float = 240):
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        cmd,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _start(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     """A launcher in its own process group (so a test can kill agent and workers at once)."""
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
 
 
 def _wait_for_step(ckpt: Path, step: int, proc: subprocess.Popen, timeout: float = 180) -> int:
@@ -102,8 +114,12 @@ COMMON = ("trainer.eval_every=6", "trainer.log_every=3", "trainer.num_threads=1"
 def test_torchrun_end_to_end_one_run_dir(tmp_path):
     """The issue's command: all ranks exit 0; one run dir (torchrun's default, from the
     rendezvous id) with one results.json, train.log, tb/; rank 1 prints no INFO."""
-    proc = _run(torchrun_cmd(2, None, "trainer.max_steps=12", "logger=tensorboard", *COMMON,
-                             cache=tmp_path / "cache"), cwd=tmp_path)
+    proc = _run(
+        torchrun_cmd(
+            2, None, "trainer.max_steps=12", "logger=tensorboard", *COMMON, cache=tmp_path / "cache"
+        ),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dirs = list((tmp_path / "outputs").glob("*/*"))
     assert len(run_dirs) == 1 and run_dirs[0].parent.name == "torchrun", run_dirs
@@ -123,8 +139,10 @@ def test_torchrun_end_to_end_one_run_dir(tmp_path):
 
 @pytest.mark.parametrize(
     "override, message",
-    [("trainer.device=cuda", "no CUDA GPU"),  # every rank, before the process group forms
-     ("data.valid_split=nosuchsplit", "nosuchsplit")],  # rank 0, while rank 1 waits for it
+    [
+        ("trainer.device=cuda", "no CUDA GPU"),  # every rank, before the process group forms
+        ("data.valid_split=nosuchsplit", "nosuchsplit"),
+    ],  # rank 0, while rank 1 waits for it
 )
 def test_torchrun_user_error_is_one_line_and_ends_all_ranks(tmp_path, override, message):
     if "cuda" in override and torch.cuda.is_available():
@@ -140,8 +158,11 @@ def test_torchrun_user_error_is_one_line_and_ends_all_ranks(tmp_path, override, 
 
 def test_torchrun_crash_on_one_rank_ends_every_rank(tmp_path):
     started = time.time()
-    proc = _run(torchrun_cmd(2, tmp_path / "run", "trainer.max_steps=100000", script=FAULTS),
-                env={"FAULT_CRASH_RANK": "1", "FAULT_CRASH_STEP": "3"}, timeout=120)
+    proc = _run(
+        torchrun_cmd(2, tmp_path / "run", "trainer.max_steps=100000", script=FAULTS),
+        env={"FAULT_CRASH_RANK": "1", "FAULT_CRASH_STEP": "3"},
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "injected crash on rank 1" in proc.stderr
     assert time.time() - started < 90  # never a hang
@@ -149,9 +170,17 @@ def test_torchrun_crash_on_one_rank_ends_every_rank(tmp_path):
 
 def test_slow_data_preparation_does_not_trip_the_collective_timeout(tmp_path):
     """Rank 0 prepares the data for 25 s while rank 1 waits; collectives time out after 8 s."""
-    proc = _run(torchrun_cmd(2, tmp_path / "run", "trainer.max_steps=6", "trainer.eval_every=6",
-                             "trainer.dist_timeout=8", script=FAULTS),
-                env={"FAULT_SLOW_PREP": "25"})
+    proc = _run(
+        torchrun_cmd(
+            2,
+            tmp_path / "run",
+            "trainer.max_steps=6",
+            "trainer.eval_every=6",
+            "trainer.dist_timeout=8",
+            script=FAULTS,
+        ),
+        env={"FAULT_SLOW_PREP": "25"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["steps"] == 6
 
@@ -160,8 +189,9 @@ def test_two_process_kill_and_resume_equals_uninterrupted(tmp_path):
     """SIGKILL to agent and workers after the first checkpoint, then the same command again:
     bit-identical to a run that never stopped (per-rank data position and dropout RNG)."""
     run_dir = tmp_path / "killed"
-    proc = _start(torchrun_cmd(2, run_dir, "trainer.max_steps=100000", *COMMON),
-                  tmp_path / "killed.log")
+    proc = _start(
+        torchrun_cmd(2, run_dir, "trainer.max_steps=100000", *COMMON), tmp_path / "killed.log"
+    )
     _wait_for_step(run_dir / "checkpoints" / "last.pt", 6, proc)
     _kill_all(proc)
     killed_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
@@ -171,16 +201,18 @@ def test_two_process_kill_and_resume_equals_uninterrupted(tmp_path):
     assert f"at step {killed_at}" in (run_dir / "train.log").read_text()
     straight = _run(torchrun_cmd(2, tmp_path / "straight", f"trainer.max_steps={total}", *COMMON))
     assert straight.returncode == 0, straight.stderr[-3000:]
-    _assert_same_weights(tmp_path / "straight" / "checkpoints" / "last.pt",
-                         run_dir / "checkpoints" / "last.pt")
+    _assert_same_weights(
+        tmp_path / "straight" / "checkpoints" / "last.pt", run_dir / "checkpoints" / "last.pt"
+    )
 
 
 def test_workers_stop_when_the_launcher_dies(tmp_path):
     """torchrun starts each worker in a session of its own, so a SIGKILLed launcher (OOM
     killer, lost node) would leave its workers training on; they notice and exit."""
     run_dir = tmp_path / "run"
-    proc = _start(torchrun_cmd(2, run_dir, "trainer.max_steps=100000", *COMMON),
-                  tmp_path / "run.log")
+    proc = _start(
+        torchrun_cmd(2, run_dir, "trainer.max_steps=100000", *COMMON), tmp_path / "run.log"
+    )
     _wait_for_step(run_dir / "checkpoints" / "last.pt", 6, proc)
     workers = _workers(proc)
     os.kill(proc.pid, signal.SIGKILL)
@@ -197,8 +229,9 @@ def test_sigterm_preemption_saves_exact_position_and_resumes(tmp_path):
     ends equal to an uninterrupted run."""
     run_dir = tmp_path / "run"
     args = ("trainer.eval_every=1000", "trainer.log_every=1")
-    proc = _start(torchrun_cmd(2, run_dir, "trainer.max_steps=100000", *args),
-                  tmp_path / "first.log")
+    proc = _start(
+        torchrun_cmd(2, run_dir, "trainer.max_steps=100000", *args), tmp_path / "first.log"
+    )
     train_log = run_dir / "train.log"
     deadline = time.time() + 120
     while not (train_log.exists() and "| loss" in train_log.read_text()):
@@ -221,17 +254,25 @@ def test_sigterm_preemption_saves_exact_position_and_resumes(tmp_path):
     assert f"at step {stopped} " in train_log.read_text()
     straight = _run(torchrun_cmd(2, tmp_path / "straight", f"trainer.max_steps={total}", *args))
     assert straight.returncode == 0, straight.stderr[-3000:]
-    _assert_same_weights(tmp_path / "straight" / "checkpoints" / "last.pt",
-                         run_dir / "checkpoints" / "last.pt")
+    _assert_same_weights(
+        tmp_path / "straight" / "checkpoints" / "last.pt", run_dir / "checkpoints" / "last.pt"
+    )
 
 
 def test_elastic_restart_after_a_killed_worker_completes(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = torchrun_cmd(2, None, "trainer.max_steps=24", *COMMON, cache=tmp_path / "cache",
-                       launcher=("--standalone", "--max-restarts=1"))
+    cmd = torchrun_cmd(
+        2,
+        None,
+        "trainer.max_steps=24",
+        *COMMON,
+        cache=tmp_path / "cache",
+        launcher=("--standalone", "--max-restarts=1"),
+    )
     with open(tmp_path / "elastic.log", "w") as out:  # cwd tmp_path: the default run dir
-        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     deadline = time.time() + 120
     while not list(tmp_path.glob("outputs/torchrun/*/checkpoints/last.pt")):
         assert time.time() < deadline and proc.poll() is None
@@ -249,10 +290,16 @@ def test_elastic_restart_after_a_killed_worker_completes(tmp_path):
 def _two_nodes(run_dirs: tuple[Path, Path], tmp_path: Path, *overrides: str):
     """Two torchrun launchers of one process each, as two nodes, rendezvous on 127.0.0.1."""
     port = _free_port()
-    launcher = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                f"--rdzv-id=test{port}")
-    procs = [_start(torchrun_cmd(1, run_dir, *overrides, launcher=launcher),
-                    tmp_path / f"node{i}.log") for i, run_dir in enumerate(run_dirs)]
+    launcher = (
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=test{port}",
+    )
+    procs = [
+        _start(torchrun_cmd(1, run_dir, *overrides, launcher=launcher), tmp_path / f"node{i}.log")
+        for i, run_dir in enumerate(run_dirs)
+    ]
     codes = [p.wait(timeout=300) for p in procs]
     logs = [(tmp_path / f"node{i}.log").read_text() for i in range(2)]
     return codes, logs
@@ -264,8 +311,9 @@ def test_two_launchers_as_two_nodes_equal_one_launcher(tmp_path):
     assert codes == [0, 0], "\n".join(log[-2000:] for log in logs)
     single = _run(torchrun_cmd(2, tmp_path / "single", "trainer.max_steps=12", *COMMON))
     assert single.returncode == 0, single.stderr[-3000:]
-    _assert_same_weights(tmp_path / "single" / "checkpoints" / "last.pt",
-                         shared / "checkpoints" / "last.pt")
+    _assert_same_weights(
+        tmp_path / "single" / "checkpoints" / "last.pt", shared / "checkpoints" / "last.pt"
+    )
 
 
 def test_two_nodes_without_a_shared_run_dir_fail_clearly(tmp_path):

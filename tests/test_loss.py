@@ -21,8 +21,10 @@ def _reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[
             y = int(target[b, t])
             if y == PAD:
                 continue
-            log_p = [x - math.log(sum(math.exp(v) for v in logits[b, t].tolist()))
-                     for x in logits[b, t].tolist()]
+            log_p = [
+                x - math.log(sum(math.exp(v) for v in logits[b, t].tolist()))
+                for x in logits[b, t].tolist()
+            ]
             q = [eps / V + (1 - eps if v == y else 0.0) for v in range(V)]
             loss -= sum(qv * lp for qv, lp in zip(q, log_p, strict=True))
             nll -= log_p[y]
@@ -45,8 +47,9 @@ def test_zero_smoothing_is_summed_cross_entropy():
     logits = torch.randn(2, 4, 9)
     target = torch.tensor([[3, 8, 1, 0], [2, 2, 0, 0]])
     out = label_smoothed_cross_entropy(logits, target, PAD, 0.0)
-    expected = F.cross_entropy(logits.view(-1, 9), target.view(-1), ignore_index=PAD,
-                               reduction="sum")
+    expected = F.cross_entropy(
+        logits.view(-1, 9), target.view(-1), ignore_index=PAD, reduction="sum"
+    )
     torch.testing.assert_close(out.loss, expected)
     torch.testing.assert_close(out.nll, expected)
 

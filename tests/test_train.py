@@ -27,10 +27,23 @@ SGD_STEP = ("model.dropout=0.0", "optim.lr=1.0", "optim.warmup_steps=1", "optim.
 
 def test_memorises_toy_set_to_high_bleu(tmp_path):
     """Loss falls and the 12 valid pairs (seen in training) are reproduced almost exactly."""
-    best = fit(toy_cfg(tmp_path, "trainer.max_steps=120", "trainer.eval_every=120",
-                       "model.d_model=64", "model.d_ff=128", "model.n_heads=4", "model.dropout=0.0",
-                       "optim.lr=5e-3", "optim.warmup_steps=30", "optim.label_smoothing=0.0",
-                       "trainer.max_tokens=1024", "tokenizer.vocab_size=120"), tmp_path / "run")
+    best = fit(
+        toy_cfg(
+            tmp_path,
+            "trainer.max_steps=120",
+            "trainer.eval_every=120",
+            "model.d_model=64",
+            "model.d_ff=128",
+            "model.n_heads=4",
+            "model.dropout=0.0",
+            "optim.lr=5e-3",
+            "optim.warmup_steps=30",
+            "optim.label_smoothing=0.0",
+            "trainer.max_tokens=1024",
+            "tokenizer.vocab_size=120",
+        ),
+        tmp_path / "run",
+    )
     best = best.results["valid"]["bleu"]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert best > 80.0, results
@@ -46,8 +59,10 @@ def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     start = params(model)
     rows = run.data.train[list(range(8))]
     special = run.data.tokenizer.special
-    halves = [collate(rows["src_ids"][:3], rows["tgt_ids"][:3], special),
-              collate(rows["src_ids"][3:], rows["tgt_ids"][3:], special)]
+    halves = [
+        collate(rows["src_ids"][:3], rows["tgt_ids"][:3], special),
+        collate(rows["src_ids"][3:], rows["tgt_ids"][3:], special),
+    ]
     run.update(halves)
     accumulated = params(model)
 
@@ -63,7 +78,10 @@ def test_resume_equals_uninterrupted(tmp_path):
     common = ("model.dropout=0.1", "trainer.eval_every=6", "logger=none")
     fit(toy_cfg(tmp_path, *common, "trainer.max_steps=12"), tmp_path / "straight")
     fit(toy_cfg(tmp_path, *common, "trainer.max_steps=6"), tmp_path / "resumed")
-    assert load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["train_state"]["step"] == 6
+    assert (
+        load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["train_state"]["step"]
+        == 6
+    )
     fit(toy_cfg(tmp_path, *common, "trainer.max_steps=12"), tmp_path / "resumed")
     straight = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     resumed = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
@@ -75,8 +93,9 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 def test_killed_run_resumes_from_last_complete_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = train_cmd(run_dir, "trainer.max_steps=100000", "trainer.eval_every=3",
-                     "trainer.keep_last=2")
+    cmd = train_cmd(
+        run_dir, "trainer.max_steps=100000", "trainer.eval_every=3", "trainer.keep_last=2"
+    )
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = run_dir / "checkpoints" / "last.pt"
     deadline = time.time() + 120
@@ -90,17 +109,26 @@ def test_killed_run_resumes_from_last_complete_checkpoint(tmp_path):
         load_checkpoint(path)  # every visible checkpoint is complete
     killed_at = load_checkpoint(last)["train_state"]["step"]
     assert killed_at >= 9
-    done = subprocess.run(train_cmd(run_dir, f"trainer.max_steps={killed_at + 3}",
-                                     "trainer.eval_every=3"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        train_cmd(run_dir, f"trainer.max_steps={killed_at + 3}", "trainer.eval_every=3"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed from {last} at step {killed_at}" in (run_dir / "train.log").read_text()
     assert load_checkpoint(last)["train_state"]["step"] == killed_at + 3
 
 
 def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     tmp_path = Path(tmp)
     run = toy(tmp_path, *SGD_STEP, run="ddp").use_sgd()  # same spm.model (rank 0 trains it first)
     ctx = distributed.setup("cpu")
@@ -112,8 +140,9 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
         rows = run.data.train[indices]
         batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special, indices)
         train_step(model, run.trainee, [batch], run.cfg, ctx, _Window(ctx.device), lambda: False)
-        torch.save({"indices": indices, "params": params(run.trainee.model)},
-                   tmp_path / f"rank{rank}.pt")
+        torch.save(
+            {"indices": indices, "params": params(run.trainee.model)}, tmp_path / f"rank{rank}.pt"
+        )
     finally:
         distributed.teardown(ctx)
 
@@ -143,35 +172,65 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    proc = subprocess.run(train_cmd(run_dir, "logger=tensorboard", "trainer.max_steps=10",
-                                     "trainer.eval_every=5", "trainer.log_every=5"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        train_cmd(
+            run_dir,
+            "logger=tensorboard",
+            "trainer.max_steps=10",
+            "trainer.eval_every=5",
+            "trainer.log_every=5",
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()
-    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_sec",
-                "valid/loss", "valid/bleu", "valid/chrf"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_sec",
+        "valid/loss",
+        "valid/bleu",
+        "valid/chrf",
+    ):
         assert tag in tags["scalars"], tag
     assert "valid/cross_attention" in tags["images"]
     assert any("valid/samples" in t for t in tags["tensors"])  # text is stored as tensors
-    for name in ("checkpoints/last.pt", "checkpoints/best.pt", "spm.model", "train.log",
-                 ".hydra/config.yaml", "results.json"):
+    for name in (
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+        "spm.model",
+        "train.log",
+        ".hydra/config.yaml",
+        "results.json",
+    ):
         assert (run_dir / name).exists(), name
     assert "best valid BLEU" in proc.stdout
 
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [(["trainer.device=cuda"], "no CUDA GPU"),
-     (["data.dir=/nonexistent/corpus"], "/nonexistent/corpus"),
-     (["data.valid_split=nosuchsplit"], "nosuchsplit")],
+    [
+        (["trainer.device=cuda"], "no CUDA GPU"),
+        (["data.dir=/nonexistent/corpus"], "/nonexistent/corpus"),
+        (["data.valid_split=nosuchsplit"], "nosuchsplit"),
+    ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message):
     if "cuda" in overrides[0] and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = subprocess.run(train_cmd(tmp_path / "run", *overrides), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        train_cmd(tmp_path / "run", *overrides),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error:")]
@@ -182,8 +241,16 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message
 def test_multirun_sweep(tmp_path):
     base = train_cmd(tmp_path / "unused")
     base.remove(f"hydra.run.dir={tmp_path / 'unused'}")
-    cmd = [base[0], base[1], "-m", *base[2:], "optim.lr=1e-3,2e-3", "trainer.max_steps=4",
-           "trainer.eval_every=4", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    cmd = [
+        base[0],
+        base[1],
+        "-m",
+        *base[2:],
+        "optim.lr=1e-3,2e-3",
+        "trainer.max_steps=4",
+        "trainer.eval_every=4",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "sweep" / "0" / "results.json").exists()
@@ -192,8 +259,15 @@ def test_multirun_sweep(tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains_on_cpu(tmp_path, precision):
-    fit(toy_cfg(tmp_path, f"trainer.precision={precision}", "trainer.max_steps=6",
-                "trainer.eval_every=6"), tmp_path / "run")
+    fit(
+        toy_cfg(
+            tmp_path,
+            f"trainer.precision={precision}",
+            "trainer.max_steps=6",
+            "trainer.eval_every=6",
+        ),
+        tmp_path / "run",
+    )
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert ckpt["train_state"]["step"] == 6
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
@@ -217,17 +291,35 @@ def test_nonfinite_updates_are_skipped_then_stop_clearly(tmp_path):
 
 def test_early_stopping_on_bleu_patience(tmp_path):
     # lr 0: BLEU can never improve after the first validation, so patience 1 stops at the second.
-    fit(toy_cfg(tmp_path, "optim.lr=0.0", "trainer.patience=1", "trainer.eval_every=2",
-                "trainer.max_steps=50"), tmp_path / "run")
+    fit(
+        toy_cfg(
+            tmp_path,
+            "optim.lr=0.0",
+            "trainer.patience=1",
+            "trainer.eval_every=2",
+            "trainer.max_steps=50",
+        ),
+        tmp_path / "run",
+    )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 4 and results["best_step"] == 2
 
 
 def test_documented_debug_command_runs(tmp_path):
     """conf/debug/fast.yaml's own example, as written there (plus a private run dir/cache)."""
-    proc = subprocess.run([sys.executable, "train.py", "debug=fast", "data.dir=tests/fixtures/toy",
-                           f"hydra.run.dir={tmp_path / 'run'}",
-                           f"data.cache_dir={tmp_path / 'cache'}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "debug=fast",
+            "data.dir=tests/fixtures/toy",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "test test: BLEU" in proc.stdout

@@ -27,9 +27,13 @@ T = torch.Tensor
 # Python-level reads of a tensor's value: on CUDA each one waits for the GPU.
 PY_READS = {T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy}
 # Operators that read device memory on the host inside C++ (CUDA syncs).
-SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-            torch.ops.aten.masked_select.default, torch.ops.aten.is_nonzero.default,
-            torch.ops.aten.equal.default}
+SYNC_OPS = {
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten.masked_select.default,
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.equal.default,
+}
 
 
 class HostReads(TorchFunctionMode):
@@ -61,8 +65,10 @@ class SyncOps(TorchDispatchMode):
 def _two_batches(run):
     rows = run.data.train[list(range(16))]
     special = run.data.tokenizer.special
-    return [collate(rows["src_ids"][:8], rows["tgt_ids"][:8], special),
-            collate(rows["src_ids"][8:], rows["tgt_ids"][8:], special)]
+    return [
+        collate(rows["src_ids"][:8], rows["tgt_ids"][:8], special),
+        collate(rows["src_ids"][8:], rows["tgt_ids"][8:], special),
+    ]
 
 
 def test_an_update_reads_one_value_back_to_the_host(tmp_path):
@@ -137,10 +143,14 @@ def test_fp16_overflow_lowers_the_loss_scale_without_counting_as_divergence(tmp_
 
 def test_resume_with_another_precision(tmp_path):
     """A bf16 run (no loss scale saved) resumed with fp16 starts a fresh loss scale."""
-    fit(toy_cfg(tmp_path, "trainer.precision=bf16", "trainer.max_steps=4",
-                "trainer.eval_every=4"), tmp_path / "run")
-    fit(toy_cfg(tmp_path, "trainer.precision=fp16", "trainer.max_steps=6",
-                "trainer.eval_every=2"), tmp_path / "run")
+    fit(
+        toy_cfg(tmp_path, "trainer.precision=bf16", "trainer.max_steps=4", "trainer.eval_every=4"),
+        tmp_path / "run",
+    )
+    fit(
+        toy_cfg(tmp_path, "trainer.precision=fp16", "trainer.max_steps=6", "trainer.eval_every=2"),
+        tmp_path / "run",
+    )
     assert load_checkpoint(tmp_path / "run/checkpoints/last.pt")["train_state"]["step"] == 6
 
 
@@ -161,14 +171,27 @@ def test_gpu_machine_with_cpu_only_torch_refuses_auto(tmp_path):
     fake.write_text("#!/bin/sh\necho fake\n")
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    auto = subprocess.run(train_cmd(tmp_path / "a", "trainer.device=auto"), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    auto = subprocess.run(
+        train_cmd(tmp_path / "a", "trainer.device=auto"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert auto.returncode == 2 and "Traceback" not in auto.stderr
     errors = [line for line in auto.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1 and "CPU-only build" in errors[0] and "trainer.device=cpu" in errors[0]
-    cpu = subprocess.run(train_cmd(tmp_path / "c", "trainer.device=cpu", "trainer.max_steps=2",
-                                   "trainer.eval_every=2"), cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    cpu = subprocess.run(
+        train_cmd(
+            tmp_path / "c", "trainer.device=cpu", "trainer.max_steps=2", "trainer.eval_every=2"
+        ),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cpu.returncode == 0, cpu.stderr[-2000:]
 
 
@@ -182,17 +205,25 @@ def test_run_dir_lock_names_the_holder_and_is_released_on_exit(tmp_path):
 
 def test_second_run_on_a_live_run_dir_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
     run_dir = tmp_path / "run"
-    first = subprocess.Popen(train_cmd(run_dir, "trainer.max_steps=100000",
-                                       "trainer.eval_every=3"), cwd=ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        train_cmd(run_dir, "trainer.max_steps=100000", "trainer.eval_every=3"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 120
         while not (run_dir / "checkpoints" / "last.pt").exists():
             assert time.time() < deadline and first.poll() is None
             time.sleep(0.2)
         config = (run_dir / ".hydra" / "config.yaml").read_text()
-        second = subprocess.run(train_cmd(run_dir, "trainer.max_steps=5", "model.d_model=64"),
-                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        second = subprocess.run(
+            train_cmd(run_dir, "trainer.max_steps=5", "model.d_model=64"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2 and "Traceback" not in second.stderr
         errors = [ln for ln in second.stderr.splitlines() if ln.startswith("train.py: error:")]
         assert len(errors) == 1 and f"in use by a live run (PID {first.pid})" in errors[0]
@@ -201,9 +232,13 @@ def test_second_run_on_a_live_run_dir_is_refused_and_a_dead_ones_lock_taken_over
         first.kill()
         first.wait()
     step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
-    third = subprocess.run(train_cmd(run_dir, f"trainer.max_steps={step + 3}",
-                                     "trainer.eval_every=3"),
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    third = subprocess.run(
+        train_cmd(run_dir, f"trainer.max_steps={step + 3}", "trainer.eval_every=3"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert third.returncode == 0, third.stderr[-2000:]  # the dead run's lock is taken over
 
 
@@ -211,8 +246,13 @@ def test_second_run_on_a_live_run_dir_is_refused_and_a_dead_ones_lock_taken_over
 def test_preempted_single_process_saves_its_step_and_resumes_there(tmp_path, sig):
     run_dir = tmp_path / "run"
     args = ("trainer.eval_every=1000", "trainer.log_every=1")
-    proc = subprocess.Popen(train_cmd(run_dir, "trainer.max_steps=100000", *args), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        train_cmd(run_dir, "trainer.max_steps=100000", *args),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = run_dir / "train.log"
     deadline = time.time() + 120
     while not (log.exists() and "| loss" in log.read_text()):
@@ -223,8 +263,13 @@ def test_preempted_single_process_saves_its_step_and_resumes_there(tmp_path, sig
     assert proc.returncode == 0, err[-2000:]
     step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
     assert f"stopped by {sig.name} at step {step};" in out
-    done = subprocess.run(train_cmd(run_dir, f"trainer.max_steps={step + 2}", *args), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        train_cmd(run_dir, f"trainer.max_steps={step + 2}", *args),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"at step {step} " in log.read_text()
 

@@ -20,15 +20,28 @@ from training.state import Trainee, TrainState, seed_everything
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 TOY = Path(__file__).parent / "fixtures" / "toy"
-TOY_ARGS = ("debug=fast", f"data.dir={TOY}", "data.src_lang=de", "data.tgt_lang=en",
-            "data.test_splits=[test]", "logger=none")
+TOY_ARGS = (
+    "debug=fast",
+    f"data.dir={TOY}",
+    "data.src_lang=de",
+    "data.tgt_lang=en",
+    "data.test_splits=[test]",
+    "logger=none",
+)
 
 
 def toy_cfg(tmp: Path, *overrides: str) -> DictConfig:
     """`train.yaml` + debug=fast on the 40-pair toy corpus (de->en), caches under `tmp`."""
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        return compose("train", overrides=[*TOY_ARGS, "data.hub_name=null",
-                                           f"data.cache_dir={tmp / 'cache'}", *overrides])
+        return compose(
+            "train",
+            overrides=[
+                *TOY_ARGS,
+                "data.hub_name=null",
+                f"data.cache_dir={tmp / 'cache'}",
+                *overrides,
+            ],
+        )
 
 
 @dataclass
@@ -43,8 +56,9 @@ class Toy:
     def update(self, batches: list) -> tuple[float, bool]:
         """One `train_step` on the plain model, as `fit` runs it in one process."""
         window = _Window(self.ctx.device)
-        grad_norm, stop = train_step(self.trainee.model, self.trainee, batches, self.cfg,
-                                     self.ctx, window, lambda: False)
+        grad_norm, stop = train_step(
+            self.trainee.model, self.trainee, batches, self.cfg, self.ctx, window, lambda: False
+        )
         self.trainee.state.step += 1
         return grad_norm, stop
 
@@ -59,8 +73,12 @@ def toy(tmp: Path, *overrides: str, run: str = "run") -> Toy:
     seed_everything(cfg.trainer.seed)
     data = build.load_data(cfg, tmp / run)
     model = build.build_model(cfg, data.tokenizer, ctx.device)
-    trainee = Trainee(model, build.build_optimizer(cfg.optim, model),
-                      build.build_scaler(cfg.trainer.precision, ctx.device), TrainState())
+    trainee = Trainee(
+        model,
+        build.build_optimizer(cfg.optim, model),
+        build.build_scaler(cfg.trainer.precision, ctx.device),
+        TrainState(),
+    )
     return Toy(cfg, ctx, data, trainee)
 
 
@@ -72,14 +90,26 @@ def train_cmd(run_dir: Path | None, *overrides: str, cache: Path | None = None) 
     """`python train.py` on the toy corpus; run_dir None leaves the run dir to Hydra (or to
     torchrun's default), and then `cache` must be given."""
     cache = cache or run_dir.parent / "cache"
-    cmd = [sys.executable, str(ROOT / "train.py"), *TOY_ARGS, f"data.cache_dir={cache}",
-           *overrides]
+    cmd = [sys.executable, str(ROOT / "train.py"), *TOY_ARGS, f"data.cache_dir={cache}", *overrides]
     return cmd + ([f"hydra.run.dir={run_dir}"] if run_dir else [])
 
 
-def torchrun_cmd(nproc: int, run_dir: Path | None, *overrides: str, cache: Path | None = None,
-                 launcher: tuple[str, ...] = ("--standalone",), script: str = "") -> list[str]:
+def torchrun_cmd(
+    nproc: int,
+    run_dir: Path | None,
+    *overrides: str,
+    cache: Path | None = None,
+    launcher: tuple[str, ...] = ("--standalone",),
+    script: str = "",
+) -> list[str]:
     """`torchrun <launcher> --nproc_per_node=N train.py ...` (or a test wrapper `script`)."""
     cmd = train_cmd(run_dir, *overrides, cache=cache)
-    return [sys.executable, "-m", "torch.distributed.run", *launcher,
-            f"--nproc_per_node={nproc}", script or cmd[1], *cmd[2:]]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launcher,
+        f"--nproc_per_node={nproc}",
+        script or cmd[1],
+        *cmd[2:],
+    ]

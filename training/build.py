@@ -48,8 +48,9 @@ def load_data(cfg: Configs, run_dir: Path) -> Data:
     train_raw = filter_train_pairs(load_split(data_cfg, data_cfg.train_split), data_cfg)
     tokenizer = train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir)
     train = encode_split(train_raw, tokenizer, data_cfg, train=True)
-    valid = encode_split(load_split(data_cfg, data_cfg.valid_split), tokenizer, data_cfg,
-                         train=False)
+    valid = encode_split(
+        load_split(data_cfg, data_cfg.valid_split), tokenizer, data_cfg, train=False
+    )
     test = {split: load_split(data_cfg, split) for split in data_cfg.test_splits}
     return Data(tokenizer, train, valid, test)
 
@@ -86,26 +87,45 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
 def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:
     """Token-budget training batches of this rank, shuffled per epoch."""
     trainer = cfg.trainer
-    sampler = TokenBatchSampler(*token_lengths(data.train), trainer.max_tokens, seed=trainer.seed,
-                                shuffle=True, rank=ctx.rank, world_size=ctx.world_size)
+    sampler = TokenBatchSampler(
+        *token_lengths(data.train),
+        trainer.max_tokens,
+        seed=trainer.seed,
+        shuffle=True,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
     waste = sampler.padding_stats().get("waste", 0.0)
-    log.info("train: %d pairs, %d batches/epoch/rank, padding waste %.1f%%",
-             len(data.train), len(sampler), 100 * waste)
+    log.info(
+        "train: %d pairs, %d batches/epoch/rank, padding waste %.1f%%",
+        len(data.train),
+        len(sampler),
+        100 * waste,
+    )
     return BatchIterator(data.train, data.tokenizer.special, sampler)
 
 
 def valid_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:
     """This rank's share of the validation pairs, in length order."""
-    sampler = TokenBatchSampler(*token_lengths(data.valid), cfg.trainer.max_tokens, shuffle=False,
-                                rank=ctx.rank, world_size=ctx.world_size)
+    sampler = TokenBatchSampler(
+        *token_lengths(data.valid),
+        cfg.trainer.max_tokens,
+        shuffle=False,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
     return BatchIterator(data.valid, data.tokenizer.special, sampler)
 
 
 def build_model(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Transformer:
     """The Transformer of `cfg.model`, sized to the tokenizer's vocabularies, on `device`."""
     special = tokenizer.special
-    model_cfg = replace(cfg.model, src_vocab_size=tokenizer.src_vocab_size,
-                        tgt_vocab_size=tokenizer.tgt_vocab_size, pad_id=special.pad)
+    model_cfg = replace(
+        cfg.model,
+        src_vocab_size=tokenizer.src_vocab_size,
+        tgt_vocab_size=tokenizer.tgt_vocab_size,
+        pad_id=special.pad,
+    )
     model = Transformer(model_cfg).to(device)
     log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
     return model
@@ -115,8 +135,14 @@ def build_optimizer(optim: OptimConfig, model: torch.nn.Module) -> torch.optim.O
     """Adam or AdamW. Fused (one kernel for all tensors; its step counters stay on the device,
     so an update reads nothing back to the host) on CUDA and CPU."""
     cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps,
-               weight_decay=optim.weight_decay, fused=True)
+    return cls(
+        model.parameters(),
+        lr=optim.lr,
+        betas=optim.betas,
+        eps=optim.eps,
+        weight_decay=optim.weight_decay,
+        fused=True,
+    )
 
 
 def learning_rate(step: int, optim: OptimConfig, d_model: int) -> float:

@@ -103,15 +103,19 @@ class Configs:
         _choice("trainer.precision", trainer.precision, ("fp32", "bf16", "fp16"))
         _choice("optim.name", optim.name, ("adam", "adamw"))
         _choice("optim.schedule", optim.schedule, ("inverse_sqrt", "noam"))
-        for key, value in (("trainer.max_tokens", trainer.max_tokens),
-                           ("trainer.update_freq", trainer.update_freq),
-                           ("trainer.eval_every", trainer.eval_every),
-                           ("trainer.log_every", trainer.log_every),
-                           ("trainer.dist_timeout", trainer.dist_timeout)):
+        for key, value in (
+            ("trainer.max_tokens", trainer.max_tokens),
+            ("trainer.update_freq", trainer.update_freq),
+            ("trainer.eval_every", trainer.eval_every),
+            ("trainer.log_every", trainer.log_every),
+            ("trainer.dist_timeout", trainer.dist_timeout),
+        ):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be positive")
         if trainer.max_steps <= 0 and trainer.max_epochs <= 0:
-            raise ConfigError("trainer.max_steps and trainer.max_epochs are both 0: set one of them")
+            raise ConfigError(
+                "trainer.max_steps and trainer.max_epochs are both 0: set one of them"
+            )
         if self.model.share_embeddings and not self.tokenizer.joint:
             raise ConfigError(
                 "model.share_embeddings=true needs a joint vocabulary but tokenizer.joint=false; "

@@ -39,8 +39,13 @@ log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def valid_loss(model: torch.nn.Module, batches: Iterable[Batch], label_smoothing: float,
-               autocast: Autocast, ctx: distributed.DistContext) -> tuple[float, float]:
+def valid_loss(
+    model: torch.nn.Module,
+    batches: Iterable[Batch],
+    label_smoothing: float,
+    autocast: Autocast,
+    ctx: distributed.DistContext,
+) -> tuple[float, float]:
     """Per-token label-smoothed loss and NLL over all ranks' validation batches."""
     model.eval()
     loss = torch.zeros((), device=ctx.device, dtype=torch.float64)
@@ -58,8 +63,9 @@ def valid_loss(model: torch.nn.Module, batches: Iterable[Batch], label_smoothing
     return loss_sum / max(n, 1), nll_sum / max(n, 1)
 
 
-def translate_shared(translator: Translator, sentences: list[str],
-                     ctx: distributed.DistContext) -> list[str]:
+def translate_shared(
+    translator: Translator, sentences: list[str], ctx: distributed.DistContext
+) -> list[str]:
     """Translations of `sentences` in order; each rank translates every W-th sentence."""
     mine = translator.translate(sentences[ctx.rank :: ctx.world_size])
     shards = distributed.gather_objects(mine, ctx)
@@ -74,10 +80,19 @@ def _texts(raw: datasets.Dataset, limit: int = 0) -> tuple[list[str], list[str]]
     return columns["src"], columns["tgt"]
 
 
-def validate(model: torch.nn.Module, tokenizer: Tokenizer, valid: datasets.Dataset,
-             batches: Iterable[Batch], search: SearchConfig, max_sentences: int,
-             label_smoothing: float, autocast: Autocast,
-             ctx: distributed.DistContext, logger: TrainLogger, step: int) -> dict[str, float]:
+def validate(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    valid: datasets.Dataset,
+    batches: Iterable[Batch],
+    search: SearchConfig,
+    max_sentences: int,
+    label_smoothing: float,
+    autocast: Autocast,
+    ctx: distributed.DistContext,
+    logger: TrainLogger,
+    step: int,
+) -> dict[str, float]:
     """Loss, perplexity, BLEU and chrF on the validation split (the same values on all ranks);
     rank 0 logs them, sample translations and an attention heatmap."""
     loss, nll = valid_loss(model, batches, label_smoothing, autocast, ctx)
@@ -89,28 +104,48 @@ def validate(model: torch.nn.Module, tokenizer: Tokenizer, valid: datasets.Datas
     if ctx.is_main:
         bleu, chrf = corpus_bleu(hyps, ref), corpus_chrf(hyps, ref)
         metrics.update(bleu=bleu.score, chrf=chrf.score)
-        log.info("valid step %d | loss %.3f | ppl %.2f | BLEU %.2f | chrF %.2f | %s", step,
-                        loss, metrics["ppl"], bleu.score, chrf.score, bleu.signature)
+        log.info(
+            "valid step %d | loss %.3f | ppl %.2f | BLEU %.2f | chrF %.2f | %s",
+            step,
+            loss,
+            metrics["ppl"],
+            bleu.score,
+            chrf.score,
+            bleu.signature,
+        )
         logger.scalars("valid", metrics, step)
         logger.samples(src, ref, hyps, step)
         if src:
             logger.attention(translator, src[0], step)
     metrics["bleu"], metrics["chrf"] = distributed.broadcast_object(
-        (metrics["bleu"], metrics["chrf"]), ctx)
+        (metrics["bleu"], metrics["chrf"]), ctx
+    )
     return metrics
 
 
-def test_and_report(model: torch.nn.Module, tokenizer: Tokenizer, test: dict[str, datasets.Dataset],
-                    search: SearchConfig, autocast: Autocast,
-                    ctx: distributed.DistContext, state: TrainState, run_dir: Path,
-                    tgt_lang: str) -> dict[str, Any]:
+def test_and_report(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    test: dict[str, datasets.Dataset],
+    search: SearchConfig,
+    autocast: Autocast,
+    ctx: distributed.DistContext,
+    state: TrainState,
+    run_dir: Path,
+    tgt_lang: str,
+) -> dict[str, Any]:
     """Translate every test split with `model` (the best checkpoint's weights); rank 0 writes
     `hyp.<split>.<lang>` and `results.json`. Returns the results on every rank."""
     results: dict[str, Any] = {
         "valid": {k: state.best_valid.get(k, 0.0) for k in ("bleu", "chrf", "loss", "ppl")},
-        "test": {}, "steps": state.step, "best_step": state.best_step, "epochs": state.epoch,
-        "train_seconds": round(state.train_seconds, 1), "nonfinite_updates": state.nonfinite_total,
-        "decoding": asdict(search), "parameters": sum(p.numel() for p in model.parameters()),
+        "test": {},
+        "steps": state.step,
+        "best_step": state.best_step,
+        "epochs": state.epoch,
+        "train_seconds": round(state.train_seconds, 1),
+        "nonfinite_updates": state.nonfinite_total,
+        "decoding": asdict(search),
+        "parameters": sum(p.numel() for p in model.parameters()),
         "world_size": ctx.world_size,
     }
     translator = Translator(model, tokenizer, search, ctx.device)
@@ -121,10 +156,20 @@ def test_and_report(model: torch.nn.Module, tokenizer: Tokenizer, test: dict[str
         if not ctx.is_main:
             continue
         bleu, chrf = corpus_bleu(hyps, ref), corpus_chrf(hyps, ref)
-        results["test"][split] = {"bleu": bleu.score, "chrf": chrf.score,
-                                  "signature": bleu.signature, "chrf_signature": chrf.signature}
-        log.info("test %s (best.pt, step %d) | BLEU %.2f | chrF %.2f | %s", split,
-                        state.best_step, bleu.score, chrf.score, bleu.signature)
+        results["test"][split] = {
+            "bleu": bleu.score,
+            "chrf": chrf.score,
+            "signature": bleu.signature,
+            "chrf_signature": chrf.signature,
+        }
+        log.info(
+            "test %s (best.pt, step %d) | BLEU %.2f | chrF %.2f | %s",
+            split,
+            state.best_step,
+            bleu.score,
+            chrf.score,
+            bleu.signature,
+        )
         atomic_write(run_dir / f"hyp.{split}.{tgt_lang}", "\n".join(hyps) + "\n")
     if ctx.is_main:
         atomic_write(run_dir / "results.json", json.dumps(results, indent=2) + "\n")

@@ -81,14 +81,16 @@ def fit(cfg: DictConfig, run_dir: str | Path) -> Outcome:
 def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     """Build, resume, then update until `max_steps`/`max_epochs`/patience or a stop signal."""
     trainer = cfg.trainer
-    log.info("device: %s (%s), world size %d", ctx.device, _device_name(ctx.device),
-             ctx.world_size)
+    log.info("device: %s (%s), world size %d", ctx.device, _device_name(ctx.device), ctx.world_size)
     seed_everything(trainer.seed)  # the same initial weights on every rank
     data = build.prepare_data(cfg, run_dir, ctx)
     model = build.build_model(cfg, data.tokenizer, ctx.device)
-    trainee = Trainee(model, build.build_optimizer(cfg.optim, model),
-                      build.build_scaler(trainer.precision, ctx.device),
-                      TrainState(world_size=ctx.world_size))
+    trainee = Trainee(
+        model,
+        build.build_optimizer(cfg.optim, model),
+        build.build_scaler(trainer.precision, ctx.device),
+        TrainState(world_size=ctx.world_size),
+    )
     ckpt_dir = run_dir / "checkpoints"
     if not resume(trainee, ckpt_dir / "last.pt", ctx):  # loaded before DDP wraps the model
         seed_everything(trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams
@@ -99,12 +101,26 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     valid_batches = build.valid_batches(data, cfg, ctx)
 
     def validate_and_save() -> None:
-        metrics = evaluate.validate(model, data.tokenizer, data.valid, valid_batches,
-                                    cfg.decoding, trainer.valid_max_sentences,
-                                    cfg.optim.label_smoothing, autocast, ctx, logger, state.step)
+        metrics = evaluate.validate(
+            model,
+            data.tokenizer,
+            data.valid,
+            valid_batches,
+            cfg.decoding,
+            trainer.valid_max_sentences,
+            cfg.optim.label_smoothing,
+            autocast,
+            ctx,
+            logger,
+            state.step,
+        )
         improved = metrics["bleu"] > state.best_bleu
         if improved:
-            state.best_bleu, state.best_step, state.best_valid = metrics["bleu"], state.step, metrics
+            state.best_bleu, state.best_step, state.best_valid = (
+                metrics["bleu"],
+                state.step,
+                metrics,
+            )
             state.bad_evals = 0
         else:
             state.bad_evals += 1
@@ -112,19 +128,31 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         save(trainee, data.tokenizer, cfg.raw, ckpt_dir, trainer.keep_last, ctx, is_best=improved)
         distributed.barrier(ctx)
 
-    updates = _updates(build.train_batches(data, cfg, ctx), state, trainer.update_freq,
-                       trainer.max_epochs, trainer.prefetch, ctx.device.type == "cuda")
+    updates = _updates(
+        build.train_batches(data, cfg, ctx),
+        state,
+        trainer.update_freq,
+        trainer.max_epochs,
+        trainer.prefetch,
+        ctx.device.type == "cuda",
+    )
     window = _Window(ctx.device)
-    progress = tqdm(total=trainer.max_steps or None, initial=state.step, unit="upd",
-                    dynamic_ncols=True, disable=not (ctx.is_main and sys.stderr.isatty()))
+    progress = tqdm(
+        total=trainer.max_steps or None,
+        initial=state.step,
+        unit="upd",
+        dynamic_ncols=True,
+        disable=not (ctx.is_main and sys.stderr.isatty()),
+    )
     interrupted_eval = state.step > 0 and state.step % trainer.eval_every == 0
     if interrupted_eval and state.validated_step != state.step:
         validate_and_save()  # the last run stopped between this update and its validation
     started = time.perf_counter()
     with _StopSignals() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
-            grad_norm, stop_now = train_step(train_model, trainee, batches, cfg, ctx, window,
-                                             stop.requested)
+            grad_norm, stop_now = train_step(
+                train_model, trainee, batches, cfg, ctx, window, stop.requested
+            )
             state.step += 1
             progress.update(1)
             if state.step % trainer.log_every == 0:
@@ -134,8 +162,9 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
                 save(trainee, data.tokenizer, cfg.raw, ckpt_dir, 0, ctx)
                 distributed.barrier(ctx)
                 reason = stop.reason or "a stop request on another rank"
-                log.warning("stopped by %s after step %d; checkpoints/last.pt saved", reason,
-                            state.step)
+                log.warning(
+                    "stopped by %s after step %d; checkpoints/last.pt saved", reason, state.step
+                )
                 return Outcome({"steps": state.step}, preempted=reason)
             if state.step % trainer.eval_every == 0:
                 state.train_seconds += time.perf_counter() - started
@@ -148,16 +177,31 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     best = ckpt_dir / "best.pt"
     if best.is_file():
         model.load_state_dict(load_checkpoint(best)["model"])
-    results = evaluate.test_and_report(model, data.tokenizer, data.test, cfg.decoding, autocast,
-                                       ctx, state, run_dir, cfg.data.tgt_lang)
+    results = evaluate.test_and_report(
+        model,
+        data.tokenizer,
+        data.test,
+        cfg.decoding,
+        autocast,
+        ctx,
+        state,
+        run_dir,
+        cfg.data.tgt_lang,
+    )
     logger.hparams(cfg.raw, state.best_bleu)
     logger.close()
     return Outcome(results)
 
 
-def train_step(model: torch.nn.Module, trainee: Trainee, batches: list[Batch], cfg: Configs,
-               ctx: distributed.DistContext, window: _Window,
-               stop_requested: Callable[[], bool]) -> tuple[float, bool]:
+def train_step(
+    model: torch.nn.Module,
+    trainee: Trainee,
+    batches: list[Batch],
+    cfg: Configs,
+    ctx: distributed.DistContext,
+    window: _Window,
+    stop_requested: Callable[[], bool],
+) -> tuple[float, bool]:
     """One optimizer update over `batches` (gradient accumulation): forward, loss, backward,
     clip, step, schedule. Equal to one big batch: gradients are normalised by the target
     tokens of the whole update on all ranks. Returns the gradient norm and whether any rank
@@ -173,8 +217,9 @@ def train_step(model: torch.nn.Module, trainee: Trainee, batches: list[Batch], c
         with model.no_sync() if defer_sync else nullcontext():
             with build.autocast(trainer.precision, ctx.device):
                 logits = model(batch.src_ids, batch.tgt_in)  # (B, T, V)
-            out = label_smoothed_cross_entropy(logits, batch.tgt_out, batch.pad_id,
-                                               optim.label_smoothing)
+            out = label_smoothed_cross_entropy(
+                logits, batch.tgt_out, batch.pad_id, optim.label_smoothing
+            )
             scaler.scale(out.loss * per_token).backward()
         window.add(out.loss.detach(), out.nll, batch)
         local_tokens += batch.n_tgt_tokens
@@ -208,18 +253,21 @@ def _skip_update(trainee: Trainee, max_nonfinite: int) -> None:
         if trainee.scaler.get_scale() < MIN_LOSS_SCALE:
             raise TrainingError(
                 f"fp16 gradients overflow even at loss scale {trainee.scaler.get_scale():.1e} "
-                f"(step {step}); use trainer.precision=bf16 or fp32, or lower optim.lr")
+                f"(step {step}); use trainer.precision=bf16 or fp32, or lower optim.lr"
+            )
         log.info("step %d: fp16 overflow, update skipped, loss scale lowered", step)
         return
     state.nonfinite_streak += 1
     state.nonfinite_total += 1
-    log.warning("step %d: non-finite gradient, update skipped (%d in a row)", step,
-                state.nonfinite_streak)
+    log.warning(
+        "step %d: non-finite gradient, update skipped (%d in a row)", step, state.nonfinite_streak
+    )
     if state.nonfinite_streak >= max_nonfinite:
         raise TrainingError(
             f"the loss was NaN/inf for {state.nonfinite_streak} updates in a row (step {step}); "
             "lower optim.lr, raise optim.warmup_steps, or use trainer.precision=bf16/fp32 "
-            "instead of fp16")
+            "instead of fp16"
+        )
 
 
 def _full(value: float, device: torch.device) -> torch.Tensor:
@@ -227,8 +275,14 @@ def _full(value: float, device: torch.device) -> torch.Tensor:
     return torch.full((), float(value), device=device)
 
 
-def _updates(batches: BatchIterator, state: TrainState, update_freq: int, max_epochs: int,
-             depth: int, pin_memory: bool) -> Iterator[list[Batch]]:
+def _updates(
+    batches: BatchIterator,
+    state: TrainState,
+    update_freq: int,
+    max_epochs: int,
+    depth: int,
+    pin_memory: bool,
+) -> Iterator[list[Batch]]:
     """Groups of `update_freq` batches, from where `state` says (mid-epoch on a resume).
 
     `state.batches_done` counts the batches handed out, not those prefetched, so a checkpoint
@@ -276,22 +330,49 @@ class _Window:
         self.all_tokens += batch.n_tgt_tokens + batch.n_src_tokens
 
 
-def _log_train(window: _Window, trainee: Trainee, grad_norm: float, logger: TrainLogger,
-               ctx: distributed.DistContext) -> dict[str, str]:
+def _log_train(
+    window: _Window,
+    trainee: Trainee,
+    grad_norm: float,
+    logger: TrainLogger,
+    ctx: distributed.DistContext,
+) -> dict[str, str]:
     """Reduce the window over ranks (one host read), log it, and start a new window."""
-    sums = torch.stack([torch.as_tensor(window.loss, device=ctx.device).double(),
-                        torch.as_tensor(window.nll, device=ctx.device).double()])
+    sums = torch.stack(
+        [
+            torch.as_tensor(window.loss, device=ctx.device).double(),
+            torch.as_tensor(window.nll, device=ctx.device).double(),
+        ]
+    )
     loss_sum, nll_sum, tgt, all_tokens = distributed.all_reduce_sum(
-        [*sums.tolist(), window.tgt_tokens, window.all_tokens], ctx)
+        [*sums.tolist(), window.tgt_tokens, window.all_tokens], ctx
+    )
     seconds = time.perf_counter() - window.started
     loss, nll = loss_sum / max(tgt, 1), nll_sum / max(tgt, 1)
     tok_s = all_tokens / max(seconds, 1e-9)
     lr = trainee.optimizer.param_groups[0]["lr"]
     step = trainee.state.step
-    log.info("step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | gnorm %.2f | %.0f tok/s",
-             step, trainee.state.epoch + 1, loss, math.exp(min(nll, 50)), lr, grad_norm, tok_s)
-    logger.scalars("train", {"loss": loss, "ppl": math.exp(min(nll, 50)), "lr": lr,
-                             "grad_norm": grad_norm, "tokens_per_sec": tok_s}, step)
+    log.info(
+        "step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | gnorm %.2f | %.0f tok/s",
+        step,
+        trainee.state.epoch + 1,
+        loss,
+        math.exp(min(nll, 50)),
+        lr,
+        grad_norm,
+        tok_s,
+    )
+    logger.scalars(
+        "train",
+        {
+            "loss": loss,
+            "ppl": math.exp(min(nll, 50)),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_sec": tok_s,
+        },
+        step,
+    )
     window.__init__(ctx.device)
     return {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"}
 

@@ -70,8 +70,9 @@ def check_run_dir_free(argv: list[str]) -> None:
         try:
             RunDirLock(given[-1]).release()
         except PermissionError as e:
-            raise UserError(f"cannot use run dir {given[-1]} ({e.strerror}); choose another "
-                            "hydra.run.dir") from None
+            raise UserError(
+                f"cannot use run dir {given[-1]} ({e.strerror}); choose another hydra.run.dir"
+            ) from None
 
 
 def _read_pid(fd: int) -> str:

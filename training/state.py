@@ -55,8 +55,15 @@ class Trainee:
     state: TrainState
 
 
-def save(trainee: Trainee, tokenizer, config: dict, ckpt_dir: Path, keep_last: int,
-         ctx: distributed.DistContext, is_best: bool = False) -> None:
+def save(
+    trainee: Trainee,
+    tokenizer,
+    config: dict,
+    ckpt_dir: Path,
+    keep_last: int,
+    ctx: distributed.DistContext,
+    is_best: bool = False,
+) -> None:
     """Write `last.pt` (+ `best.pt`, + `step_<N>.pt` keeping `keep_last`). Call on every rank:
     each contributes its random state; rank 0 writes."""
     rngs = distributed.gather_objects(rng_state(), ctx)
@@ -64,9 +71,16 @@ def save(trainee: Trainee, tokenizer, config: dict, ckpt_dir: Path, keep_last: i
         return
     state = asdict(trainee.state)
     base = {**model_payload(trainee.model, tokenizer), "train_state": state}
-    save_checkpoint(ckpt_dir / "last.pt", {
-        **base, "optimizer": trainee.optimizer.state_dict(), "scaler": trainee.scaler.state_dict(),
-        "rng": rngs, "config": config})
+    save_checkpoint(
+        ckpt_dir / "last.pt",
+        {
+            **base,
+            "optimizer": trainee.optimizer.state_dict(),
+            "scaler": trainee.scaler.state_dict(),
+            "rng": rngs,
+            "config": config,
+        },
+    )
     if is_best:
         save_checkpoint(ckpt_dir / "best.pt", {**base, "config": config})
     if keep_last > 0:
@@ -103,13 +117,24 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
     if len(rngs) == ctx.world_size:
         set_rng_state(rngs[ctx.rank], ctx.device)
     else:
-        log.warning("%s was saved by %d ranks, this run has %d: data order and dropout streams "
-                    "differ from an uninterrupted run", last, len(rngs), ctx.world_size)
+        log.warning(
+            "%s was saved by %d ranks, this run has %d: data order and dropout streams "
+            "differ from an uninterrupted run",
+            last,
+            len(rngs),
+            ctx.world_size,
+        )
         seed_everything(trainee.state.step * 7919 + ctx.rank)
     trainee.state.world_size = ctx.world_size
     if ctx.is_main:
-        log.info("resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))", last,
-                 trainee.state.step, trainee.state.epoch, trainee.state.batches_done, saved_world)
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))",
+            last,
+            trainee.state.step,
+            trainee.state.epoch,
+            trainee.state.batches_done,
+            saved_world,
+        )
     return True
 
 
@@ -138,8 +163,10 @@ def seed_everything(seed: int) -> None:
 def rng_state() -> dict[str, Any]:
     """This process's random state: torch CPU, Python, and CUDA of the current device only."""
     version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"torch": torch.get_rng_state(),
-                             "python": [version, list(internal), gauss]}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": [version, list(internal), gauss],
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
