@@ -10,7 +10,8 @@ In one run:
       WITHOUT it (`decoding.uncached.UncachedModel`: every step runs the decoder over the whole
       target prefix; only the last position goes through the output layer). Both must produce
       the same tokens; this is checked on every sentence (exit status 1 if not). Speed uses the
-      first N sentences (`--limit-speed`: no-cache beam search at batch 1 is slow), text in, text out
+      first N sentences (`--limit-speed`: no-cache beam search at batch 1 is slow), text in,
+      text out
       (SentencePiece included), warm-up first, then repeats interleaved (cache, no cache, ...)
       and their median.
 
