@@ -150,9 +150,10 @@ def test_torchrun_user_error_is_one_line_and_ends_all_ranks(tmp_path, override, 
     started = time.time()
     proc = _run(torchrun_cmd(2, tmp_path / "run", override), timeout=90)
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line.lower()]
+    errors = [line for line in proc.stderr.splitlines() if "train.py: error:" in line]
     assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
-    assert errors[0].startswith("train.py: error:")
+    assert errors[0].startswith("train.py: error:")  # not "[rank 1]": rank 0 reported it
+    assert message not in proc.stderr.replace(errors[0], "")  # and nobody else repeated it
     assert time.time() - started < 60
 
 

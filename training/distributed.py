@@ -116,9 +116,38 @@ def setup(requested_device: str, timeout_s: float = 1800.0, tf32: bool = True) -
             backend="nccl" if device.type == "cuda" else "gloo",
             timeout=timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
+            **_elastic_store(world_size, timedelta(seconds=timeout_s)),
         )
     rank = dist.get_rank() if dist.is_initialized() else 0
     return DistContext(rank, world_size, device, local_rank)
+
+
+def _elastic_store(world_size: int, timeout: timedelta) -> dict:
+    """Under torchrun, a store whose keys are private to this restart of the group.
+
+    torchrun's workers share one TCP store across elastic restarts (torch 2.13, c10d
+    rendezvous), and the restarted group could read its dead predecessor's addresses: gloo then
+    fails with "Connection refused" (seen in 3 of 3 restarts under load here). A prefix per
+    restart avoids it; without torchrun, `env://` as usual.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None or "MASTER_ADDR" not in os.environ:
+        return {}
+    rank = int(os.environ["RANK"])
+    on_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not on_agent and rank == 0,
+        timeout=timeout,
+        multi_tenant=not on_agent,
+    )
+    return {
+        "store": dist.PrefixStore(f"attnmt/restart_{restart}", store),
+        "rank": rank,
+        "world_size": world_size,
+    }
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
