@@ -12,7 +12,6 @@ non-finite update); loss sums stay on the device until `log_every`.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -21,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,57 +78,15 @@ def fit(cfg: DictConfig, run_dir: str | Path) -> Outcome:
 
 
 def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
-    """Build, resume, then update until `max_steps`/`max_epochs`/patience or a stop signal."""
-    trainer = cfg.trainer
-    log.info("device: %s (%s), world size %d", ctx.device, _device_name(ctx.device), ctx.world_size)
-    seed_everything(trainer.seed)  # the same initial weights on every rank
-    data = build.prepare_data(cfg, run_dir, ctx)
-    model = build.build_model(cfg, data.tokenizer, ctx.device)
-    trainee = Trainee(
-        model,
-        build.build_optimizer(cfg.optim, model),
-        build.build_scaler(trainer.precision, ctx.device),
-        TrainState(world_size=ctx.world_size),
-    )
-    ckpt_dir = run_dir / "checkpoints"
-    if not resume(trainee, ckpt_dir / "last.pt", ctx):  # loaded before DDP wraps the model
-        seed_everything(trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams
-    train_model = _wrap(model, ctx, trainer.compile)
-    autocast = functools.partial(build.autocast, trainer.precision, ctx.device)
-    logger = TrainLogger(run_dir / "tb", cfg.logger, enabled=ctx.is_main)
-    state = trainee.state
-    valid_batches = build.valid_batches(data, cfg, ctx)
-
-    def validate_and_save() -> None:
-        metrics = evaluate.validate(
-            model,
-            data.tokenizer,
-            data.valid,
-            valid_batches,
-            cfg.decoding,
-            trainer.valid_max_sentences,
-            cfg.optim.label_smoothing,
-            autocast,
-            ctx,
-            logger,
-            state.step,
-        )
-        improved = metrics["bleu"] > state.best_bleu
-        if improved:
-            state.best_bleu, state.best_step, state.best_valid = (
-                metrics["bleu"],
-                state.step,
-                metrics,
-            )
-            state.bad_evals = 0
-        else:
-            state.bad_evals += 1
-        state.validated_step = state.step
-        save(trainee, data.tokenizer, cfg.raw, ckpt_dir, trainer.keep_last, ctx, is_best=improved)
-        distributed.barrier(ctx)
-
+    """Update until `max_steps`/`max_epochs`/patience or a stop request, validating every
+    `eval_every` updates; then test the best checkpoint."""
+    run = _Run.start(cfg, run_dir, ctx)
+    trainer, trainee, state = cfg.trainer, run.trainee, run.trainee.state
+    at_eval_step = state.step > 0 and state.step % trainer.eval_every == 0
+    if at_eval_step and state.validated_step != state.step:
+        run.validate_and_save()  # the last run stopped between this update and its validation
     updates = _updates(
-        build.train_batches(data, cfg, ctx),
+        build.train_batches(run.data, cfg, ctx),
         state,
         trainer.update_freq,
         trainer.max_epochs,
@@ -144,53 +101,134 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         dynamic_ncols=True,
         disable=not (ctx.is_main and sys.stderr.isatty()),
     )
-    interrupted_eval = state.step > 0 and state.step % trainer.eval_every == 0
-    if interrupted_eval and state.validated_step != state.step:
-        validate_and_save()  # the last run stopped between this update and its validation
     started = time.perf_counter()
     with _StopSignals() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
             grad_norm, stop_now = train_step(
-                train_model, trainee, batches, cfg, ctx, window, stop.requested
+                run.train_model, trainee, batches, cfg, ctx, window, stop.requested
             )
             state.step += 1
             progress.update(1)
             if state.step % trainer.log_every == 0:
-                progress.set_postfix(_log_train(window, trainee, grad_norm, logger, ctx))
-            if stop_now:  # every rank stops after this same update, before validating it
+                progress.set_postfix(_log_train(window, trainee, grad_norm, run.logger, ctx))
+            if stop_now or state.step % trainer.eval_every == 0:
                 state.train_seconds += time.perf_counter() - started
-                save(trainee, data.tokenizer, cfg.raw, ckpt_dir, 0, ctx)
-                distributed.barrier(ctx)
-                reason = stop.reason or "a stop request on another rank"
-                log.warning(
-                    "stopped by %s after step %d; checkpoints/last.pt saved", reason, state.step
-                )
-                return Outcome({"steps": state.step}, preempted=reason)
-            if state.step % trainer.eval_every == 0:
-                state.train_seconds += time.perf_counter() - started
-                validate_and_save()
+                if stop_now:  # every rank stops after this same update, before validating it
+                    return run.stop(stop.reason or "a stop request on another rank")
+                run.validate_and_save()
                 started = time.perf_counter()
     progress.close()
     state.train_seconds += time.perf_counter() - started
     if state.validated_step != state.step:
-        validate_and_save()  # the final state is always validated and saved
-    best = ckpt_dir / "best.pt"
-    if best.is_file():
-        model.load_state_dict(load_checkpoint(best)["model"])
-    results = evaluate.test_and_report(
-        model,
-        data.tokenizer,
-        data.test,
-        cfg.decoding,
-        autocast,
-        ctx,
-        state,
-        run_dir,
-        cfg.data.tgt_lang,
-    )
-    logger.hparams(cfg.raw, state.best_bleu)
-    logger.close()
-    return Outcome(results)
+        run.validate_and_save()  # the final state is always validated and saved
+    return Outcome(run.test())
+
+
+@dataclass
+class _Run:
+    """What one run holds once built: data, the trainee (model, optimizer, scaler, state), the
+    model that trains (DDP/compiled wrapper), TensorBoard, and where checkpoints go."""
+
+    cfg: Configs
+    run_dir: Path
+    ctx: distributed.DistContext
+    data: build.Data
+    trainee: Trainee
+    train_model: torch.nn.Module
+    logger: TrainLogger
+    valid_batches: BatchIterator
+
+    @classmethod
+    def start(cls, cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> _Run:
+        """Data, model, optimizer; resume from `last.pt` if there is one (before DDP wraps)."""
+        log.info(
+            "device: %s (%s), world size %d", ctx.device, _device_name(ctx.device), ctx.world_size
+        )
+        seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
+        data = build.prepare_data(cfg, run_dir, ctx)
+        model = build.build_model(cfg, data.tokenizer, ctx.device)
+        trainee = Trainee(
+            model,
+            build.build_optimizer(cfg.optim, model),
+            build.build_scaler(cfg.trainer.precision, ctx.device),
+            TrainState(world_size=ctx.world_size),
+        )
+        if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx):
+            seed_everything(cfg.trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams
+        return cls(
+            cfg,
+            run_dir,
+            ctx,
+            data,
+            trainee,
+            _wrap(model, ctx, cfg.trainer.compile),
+            TrainLogger(run_dir / "tb", cfg.logger, enabled=ctx.is_main),
+            build.valid_batches(data, cfg, ctx),
+        )
+
+    def autocast(self) -> AbstractContextManager:
+        return build.autocast(self.cfg.trainer.precision, self.ctx.device)
+
+    def save(self, keep_last: int, is_best: bool = False) -> None:
+        save(
+            self.trainee,
+            self.data.tokenizer,
+            self.cfg.raw,
+            self.run_dir / "checkpoints",
+            keep_last,
+            self.ctx,
+            is_best,
+        )
+        distributed.barrier(self.ctx)
+
+    def validate_and_save(self) -> None:
+        """Validate; track the best BLEU (early stopping); write last/best/step_N.pt."""
+        cfg, state = self.cfg, self.trainee.state
+        metrics = evaluate.validate(
+            self.trainee.model, self.data.tokenizer, self.data.valid, self.valid_batches,
+            cfg.decoding, cfg.trainer.valid_max_sentences, cfg.optim.label_smoothing,
+            self.autocast, self.ctx, self.logger, state.step)  # fmt: skip
+        improved = metrics["bleu"] > state.best_bleu
+        if improved:
+            state.best_bleu, state.best_step, state.best_valid = (
+                metrics["bleu"],
+                state.step,
+                metrics,
+            )
+        state.bad_evals = 0 if improved else state.bad_evals + 1
+        state.validated_step = state.step
+        self.save(cfg.trainer.keep_last, is_best=improved)
+
+    def stop(self, reason: str) -> Outcome:
+        """Save `last.pt` at this exact step (no validation) and end the run early."""
+        self.save(keep_last=0)
+        log.warning(
+            "stopped by %s after step %d; checkpoints/last.pt saved",
+            reason,
+            self.trainee.state.step,
+        )
+        return Outcome({"steps": self.trainee.state.step}, preempted=reason)
+
+    def test(self) -> dict[str, Any]:
+        """Score `best.pt` on the test splits (results.json) and close TensorBoard."""
+        model, state = self.trainee.model, self.trainee.state
+        best = self.run_dir / "checkpoints" / "best.pt"
+        if best.is_file():
+            model.load_state_dict(load_checkpoint(best)["model"])
+        results = evaluate.test_and_report(
+            model,
+            self.data.tokenizer,
+            self.data.test,
+            self.cfg.decoding,
+            self.autocast,
+            self.ctx,
+            state,
+            self.run_dir,
+            self.cfg.data.tgt_lang,
+        )
+        self.logger.hparams(self.cfg.raw, state.best_bleu)
+        self.logger.close()
+        return results
 
 
 def train_step(
