@@ -19,14 +19,14 @@ from torch._dynamo.utils import counters
 
 from data.batching import Batch, collate
 from tests.train_helpers import ROOT, toy, train_cmd
-from training.loop import _wrap
+from training.build import wrap_model
 from training.loss import label_smoothed_cross_entropy
 
 pytestmark = pytest.mark.slow
 
 # Rows of the toy train split, as (first, count): 8 batches of 8 distinct shapes (B, S, T),
 # B in 2..8, with S == T, S > T and S < T. The first has S == T, which duck sizing would tie
-# into one symbol (and recompile at the next batch); `_wrap` turns duck sizing off.
+# into one symbol (and recompile at the next batch); `wrap_model` turns duck sizing off.
 WINDOWS = [(8, 8), (0, 5), (5, 3), (16, 2), (18, 6), (24, 4), (28, 7), (35, 5)]
 ONE_SENTENCE = (9, 1)  # B = 1, as an epoch's last batch can be: the one allowed recompile
 
@@ -80,7 +80,7 @@ def test_compiled_model_is_one_graph_and_equals_eager(tmp_path):
     counters.clear()
     t = toy(tmp_path, "model.dropout=0.0")
     model = t.trainee.model.train()
-    compiled = _wrap(model, t.ctx, compile=True)  # as `train` wraps it
+    compiled = wrap_model(model, t.ctx, compile=True)  # as `train` wraps it
     batches = _batches(t, WINDOWS)
     shapes = {_shape(b) for b in batches}
     assert len(shapes) == len(WINDOWS) >= 6 and min(min(s) for s in shapes) >= 2, shapes

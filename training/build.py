@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from common.files import atomic_write
 from data.batching import BatchIterator, TokenBatchSampler, token_lengths
@@ -163,3 +164,22 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
         return nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device.type, dtype=dtype)
+
+
+def wrap_model(
+    model: torch.nn.Module, ctx: distributed.DistContext, compile: bool
+) -> torch.nn.Module:
+    """DDP under torchrun, then `torch.compile` if asked (dynamic shapes: batches vary)."""
+    wrapped: torch.nn.Module = model
+    if ctx.enabled:
+        ids = None if ctx.device.type == "cpu" else [ctx.device.index]
+        wrapped = DistributedDataParallel(model, device_ids=ids)
+    if compile:
+        compiled = torch.compile(wrapped, dynamic=True)
+        # Duck sizing gives sizes that are equal in the first batch (S == T, B == S) one symbol,
+        # so the first batch where they differ recompiles: off while tracing, so that every
+        # batch with B, S, T >= 2 runs one graph (B = 1 or T = 1 adds one each: 0/1 is special).
+        no_duck = torch.fx.experimental._config.patch(use_duck_shape=False)
+        compiled.forward = no_duck(compiled.forward)
+        wrapped = compiled
+    return wrapped

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -27,7 +24,6 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from common.errors import UserError
@@ -39,6 +35,7 @@ from training.logger import TrainLogger
 from training.loss import label_smoothed_cross_entropy
 from training.run_dir import RunDirLock
 from training.state import Trainee, TrainState, resume, save, seed_everything
+from training.stop import StopRequests
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +99,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         disable=not (ctx.is_main and sys.stderr.isatty()),
     )
     started = time.perf_counter()
-    with _StopSignals() as stop:
+    with StopRequests() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
             grad_norm, stop_now = train_step(
                 run.train_model, trainee, batches, cfg, ctx, window, stop.requested
@@ -161,7 +158,7 @@ class _Run:
             ctx,
             data,
             trainee,
-            _wrap(model, ctx, cfg.trainer.compile),
+            build.wrap_model(model, ctx, cfg.trainer.compile),
             TrainLogger(run_dir / "tb", cfg.logger, enabled=ctx.is_main),
             build.valid_batches(data, cfg, ctx),
         )
@@ -413,57 +410,6 @@ def _log_train(
     )
     window.__init__(ctx.device)
     return {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"}
-
-
-def _wrap(model: torch.nn.Module, ctx: distributed.DistContext, compile: bool) -> torch.nn.Module:
-    """DDP under torchrun, then `torch.compile` if asked (dynamic shapes: batches vary)."""
-    wrapped: torch.nn.Module = model
-    if ctx.enabled:
-        ids = None if ctx.device.type == "cpu" else [ctx.device.index]
-        wrapped = DistributedDataParallel(model, device_ids=ids)
-    if compile:
-        compiled = torch.compile(wrapped, dynamic=True)
-        # Duck sizing gives sizes that are equal in the first batch (S == T, B == S) one symbol,
-        # so the first batch where they differ recompiles: off while tracing, so that every
-        # batch with B, S, T >= 2 runs one graph (B = 1 or T = 1 adds one each: 0/1 is special).
-        no_duck = torch.fx.experimental._config.patch(use_duck_shape=False)
-        compiled.forward = no_duck(compiled.forward)
-        wrapped = compiled
-    return wrapped
-
-
-class _StopSignals:
-    """SIGTERM and SIGUSR1 (what SLURM and Kubernetes send before preemption) are recorded
-    instead of killing the process, and so is the death of torchrun's launcher (it starts each
-    worker in a session of its own, so orphaned workers would train on): the loop then saves
-    after the current update, on every rank at the same step, and returns."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self._previous: dict[int, Any] = {}
-        self._launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
-
-    def requested(self) -> bool:
-        if self.reason is None and self._launcher is not None and os.getppid() != self._launcher:
-            self.reason = f"the exit of the torchrun launcher (PID {self._launcher})"
-            log.warning("%s: stopping after the current update", self.reason)
-        return self.reason is not None
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.reason = signal.Signals(signum).name
-        log.warning("%s received: stopping after the current update", self.reason)
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def _device_name(device: torch.device) -> str:
