@@ -15,7 +15,7 @@ import torch
 
 from data.batching import collate
 from decoding.checkpoint import load_checkpoint
-from tests.train_helpers import ROOT, params, toy, toy_cfg, train_cmd
+from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import TrainingError, _Window, fit, train_step
 
@@ -109,12 +109,8 @@ def test_killed_run_resumes_from_last_complete_checkpoint(tmp_path):
         load_checkpoint(path)  # every visible checkpoint is complete
     killed_at = load_checkpoint(last)["train_state"]["step"]
     assert killed_at >= 9
-    done = subprocess.run(
-        train_cmd(run_dir, f"trainer.max_steps={killed_at + 3}", "trainer.eval_every=3"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    done = run_train(
+        run_dir, f"trainer.max_steps={killed_at + 3}", "trainer.eval_every=3", timeout=180
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed from {last} at step {killed_at}" in (run_dir / "train.log").read_text()
@@ -172,17 +168,12 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        train_cmd(
-            run_dir,
-            "logger=tensorboard",
-            "trainer.max_steps=10",
-            "trainer.eval_every=5",
-            "trainer.log_every=5",
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    proc = run_train(
+        run_dir,
+        "logger=tensorboard",
+        "trainer.max_steps=10",
+        "trainer.eval_every=5",
+        "trainer.log_every=5",
         timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -224,13 +215,7 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
 def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message):
     if "cuda" in overrides[0] and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = subprocess.run(
-        train_cmd(tmp_path / "run", *overrides),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_train(tmp_path / "run", *overrides, timeout=120)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error:")]

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from data.batching import collate, prefetch
 from decoding.checkpoint import load_checkpoint, save_checkpoint
-from tests.train_helpers import ROOT, params, toy, toy_cfg, train_cmd
+from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import _updates, fit
 from training.run_dir import RunDirBusy, RunDirLock
@@ -36,28 +36,28 @@ SYNC_OPS = {
 }
 
 
-class HostReads(TorchFunctionMode):
-    """Counts reads of tensor values by Python code."""
+class _Count(TorchFunctionMode):
+    """Records the calls of `watched` functions (Python-level reads of tensor values)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watched: set) -> None:
         super().__init__()
-        self.calls: list[str] = []
+        self.watched, self.calls = watched, []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in PY_READS:
+        if func in self.watched:
             self.calls.append(func.__name__)
         return func(*args, **(kwargs or {}))
 
 
-class SyncOps(TorchDispatchMode):
-    """Counts operators that read values back to the host."""
+class _CountOps(TorchDispatchMode):
+    """Records the calls of `watched` operators (reads inside C++)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watched: set) -> None:
         super().__init__()
-        self.calls: list[str] = []
+        self.watched, self.calls = watched, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in SYNC_OPS:
+        if func in self.watched:
             self.calls.append(str(func))
         return func(*args, **(kwargs or {}))
 
@@ -78,7 +78,7 @@ def test_an_update_reads_one_value_back_to_the_host(tmp_path):
     run = toy(tmp_path, "trainer.update_freq=2")
     batches = _two_batches(run)
     run.update(batches)  # the optimizer creates its state
-    with HostReads() as reads, SyncOps() as ops:
+    with _Count(PY_READS) as reads, _CountOps(SYNC_OPS) as ops:
         for _ in range(3):
             run.update(batches)
     assert reads.calls == ["tolist"] * 3
@@ -171,25 +171,16 @@ def test_gpu_machine_with_cpu_only_torch_refuses_auto(tmp_path):
     fake.write_text("#!/bin/sh\necho fake\n")
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    auto = subprocess.run(
-        train_cmd(tmp_path / "a", "trainer.device=auto"),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    auto = run_train(tmp_path / "a", "trainer.device=auto", env=env, timeout=120)
     assert auto.returncode == 2 and "Traceback" not in auto.stderr
     errors = [line for line in auto.stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(errors) == 1 and "CPU-only build" in errors[0] and "trainer.device=cpu" in errors[0]
-    cpu = subprocess.run(
-        train_cmd(
-            tmp_path / "c", "trainer.device=cpu", "trainer.max_steps=2", "trainer.eval_every=2"
-        ),
-        cwd=ROOT,
+    cpu = run_train(
+        tmp_path / "c",
+        "trainer.device=cpu",
+        "trainer.max_steps=2",
+        "trainer.eval_every=2",
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert cpu.returncode == 0, cpu.stderr[-2000:]
@@ -217,13 +208,7 @@ def test_second_run_on_a_live_run_dir_is_refused_and_a_dead_ones_lock_taken_over
             assert time.time() < deadline and first.poll() is None
             time.sleep(0.2)
         config = (run_dir / ".hydra" / "config.yaml").read_text()
-        second = subprocess.run(
-            train_cmd(run_dir, "trainer.max_steps=5", "model.d_model=64"),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        second = run_train(run_dir, "trainer.max_steps=5", "model.d_model=64", timeout=120)
         assert second.returncode == 2 and "Traceback" not in second.stderr
         errors = [ln for ln in second.stderr.splitlines() if ln.startswith("train.py: error:")]
         assert len(errors) == 1 and f"in use by a live run (PID {first.pid})" in errors[0]
@@ -232,13 +217,7 @@ def test_second_run_on_a_live_run_dir_is_refused_and_a_dead_ones_lock_taken_over
         first.kill()
         first.wait()
     step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
-    third = subprocess.run(
-        train_cmd(run_dir, f"trainer.max_steps={step + 3}", "trainer.eval_every=3"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    third = run_train(run_dir, f"trainer.max_steps={step + 3}", "trainer.eval_every=3", timeout=120)
     assert third.returncode == 0, third.stderr[-2000:]  # the dead run's lock is taken over
 
 
@@ -263,13 +242,7 @@ def test_preempted_single_process_saves_its_step_and_resumes_there(tmp_path, sig
     assert proc.returncode == 0, err[-2000:]
     step = load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"]
     assert f"stopped by {sig.name} at step {step};" in out
-    done = subprocess.run(
-        train_cmd(run_dir, f"trainer.max_steps={step + 2}", *args),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_train(run_dir, f"trainer.max_steps={step + 2}", *args, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"at step {step} " in log.read_text()
 

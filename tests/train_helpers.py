@@ -3,6 +3,7 @@ objects `fit()` builds, and `train.py` / `torchrun` command lines."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,18 @@ def train_cmd(run_dir: Path | None, *overrides: str, cache: Path | None = None) 
     cache = cache or run_dir.parent / "cache"
     cmd = [sys.executable, str(ROOT / "train.py"), *TOY_ARGS, f"data.cache_dir={cache}", *overrides]
     return cmd + ([f"hydra.run.dir={run_dir}"] if run_dir else [])
+
+
+def run_train(run_dir: Path, *overrides: str, env: dict | None = None, timeout: float = 180):
+    """Run `train_cmd(run_dir, *overrides)` to the end; returns the CompletedProcess (text)."""
+    return subprocess.run(
+        train_cmd(run_dir, *overrides),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def torchrun_cmd(

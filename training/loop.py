@@ -148,7 +148,7 @@ class _Run:
             model,
             build.build_optimizer(cfg.optim, model),
             build.build_scaler(cfg.trainer.precision, ctx.device),
-            TrainState(world_size=ctx.world_size),
+            TrainState(),
         )
         if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx):
             seed_everything(cfg.trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams

@@ -41,7 +41,6 @@ class TrainState:
     nonfinite_streak: int = 0
     nonfinite_total: int = 0
     train_seconds: float = 0.0
-    world_size: int = 1  # ranks that trained it (the data order and RNG streams depend on it)
     validated_step: int = -1  # the last step validated (a preempted run may stop before one)
 
 
@@ -110,9 +109,9 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
         log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
     elif trainee.scaler.is_enabled():
         trainee.scaler.load_state_dict(ckpt["scaler"])
-    saved = ckpt["train_state"]  # older checkpoints: 1 rank, written at validations only
-    trainee.state = TrainState(**{"world_size": 1, "validated_step": saved["step"], **saved})
-    saved_world = trainee.state.world_size
+    saved = ckpt["train_state"]  # older checkpoints were written at validations only
+    trainee.state = TrainState(**{"validated_step": saved["step"], **saved})
+    # One random state per rank that saved it (older checkpoints: one dict, one rank).
     rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
     if len(rngs) == ctx.world_size:
         set_rng_state(rngs[ctx.rank], ctx.device)
@@ -125,7 +124,6 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             ctx.world_size,
         )
         seed_everything(trainee.state.step * 7919 + ctx.rank)
-    trainee.state.world_size = ctx.world_size
     if ctx.is_main:
         log.info(
             "resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))",
@@ -133,7 +131,7 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             trainee.state.step,
             trainee.state.epoch,
             trainee.state.batches_done,
-            saved_world,
+            len(rngs),
         )
     return True
 
