@@ -199,6 +199,7 @@ class _Run:
     def stop(self, reason: str) -> Outcome:
         """Save `last.pt` at this exact step (no validation) and end the run early."""
         self.save(keep_last=0)
+        self.logger.close()
         log.warning(
             "stopped by %s after step %d; checkpoints/last.pt saved",
             reason,
