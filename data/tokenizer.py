@@ -267,9 +267,15 @@ def _write_model(path: Path, model: bytes, processor: spm.SentencePieceProcessor
 
 
 def train_or_load_tokenizer(
-    train: datasets.Dataset, cfg: TokenizerConfig, out_dir: str | Path
+    train: datasets.Dataset,
+    cfg: TokenizerConfig,
+    out_dir: str | Path,
+    cache_dir: str | Path | None = None,
 ) -> Tokenizer:
-    """Reuse the model file(s) in ``out_dir`` (resume), else train on ``train`` and save there.
+    """Reuse the model file(s) in ``out_dir`` (resume), else a model trained earlier on the
+    same split with the same settings (``cache_dir``, written by ``scripts/prepare_data.py``
+    or any earlier run), else train on ``train``; the model is saved into ``out_dir`` (and
+    ``cache_dir``).
 
     With data parallelism call it on rank 0 first and let the other ranks load after a
     barrier: concurrent calls are safe (atomic writes, seeded sampling) but train N times.
@@ -278,6 +284,8 @@ def train_or_load_tokenizer(
         train: Training split with string columns ``src`` and ``tgt``.
         cfg: Tokenizer settings; the special ids of a reused model must match them.
         out_dir: The run dir.
+        cache_dir: Where trained models are kept, keyed by the split's fingerprint and every
+            setting that changes the model; None: no cache.
 
     Returns:
         The tokenizer, whose model file(s) are now in ``out_dir``.
@@ -291,6 +299,11 @@ def train_or_load_tokenizer(
     if tokenizer is not None:
         log.info("reusing SentencePiece model(s) in %s", out_dir)
         return tokenizer
+    cached = Path(cache_dir) / "spm" / _cache_key(train, cfg) if cache_dir else None
+    if cached is not None and (tokenizer := _load_saved(cached, cfg)) is not None:
+        log.info("reusing the SentencePiece model(s) prepared in %s", cached)
+        tokenizer.save(out_dir)
+        return tokenizer
     if cfg.joint:
         log.info(
             "training joint SentencePiece %s model (%d pieces)", cfg.model_type, cfg.vocab_size
@@ -302,8 +315,16 @@ def train_or_load_tokenizer(
             _train_model(train, ("src",), cfg), _train_model(train, ("tgt",), cfg)
         )
     _check_special(tokenizer, cfg, "the trained model")
+    if cached is not None:
+        tokenizer.save(cached)
     tokenizer.save(out_dir)
     return tokenizer
+
+
+def _cache_key(train: datasets.Dataset, cfg: TokenizerConfig) -> str:
+    """The training split's fingerprint plus every setting and input that changes the model."""
+    parts = (train._fingerprint, sorted(asdict(cfg).items()), _SPM_SEED, spm.__version__)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
 
 
 def _load_saved(out_dir: Path, cfg: TokenizerConfig) -> Tokenizer | None:

@@ -266,3 +266,30 @@ def test_round_trip_on_real_multi30k(src_lang: str, tgt_lang: str, tmp_path: Pat
         expected = [unicodedata.normalize("NFKC", " ".join(t.split())) for t in texts]
         assert tokenizer.decode_tgt(tokenizer.encode_tgt(texts)) == expected
     assert any(ch in "".join(columns["src"] + columns["tgt"]) for ch in "äöüéèřčšž")
+
+
+def test_a_prepared_model_is_reused_by_a_new_run_dir_and_retrained_when_settings_change(
+    corpus: datasets.Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Prepare once, train many times: a new run dir gets the cached model's exact bytes; a
+    different vocab size or corpus trains a new one."""
+    import data.tokenizer as tok
+
+    cache, cfg = tmp_path / "cache", TokenizerConfig(vocab_size=150)
+    first = train_or_load_tokenizer(corpus, cfg, tmp_path / "run1", cache)
+    trained = []
+    real_train = tok._train_model
+    monkeypatch.setattr(tok, "_train_model", lambda *a: trained.append(a) or real_train(*a))
+
+    again = train_or_load_tokenizer(corpus, cfg, tmp_path / "run2", cache)
+    assert not trained
+    assert (tmp_path / "run2" / "spm.model").read_bytes() == first.state_dict()["src_model"]
+    assert again.encode_src(["Ein Mann fährt Fahrrad."]) == first.encode_src(
+        ["Ein Mann fährt Fahrrad."]
+    )
+
+    train_or_load_tokenizer(corpus, TokenizerConfig(vocab_size=140), tmp_path / "run3", cache)
+    assert len(trained) == 1
+    smaller = corpus.select(range(len(corpus) - 1))
+    train_or_load_tokenizer(smaller, cfg, tmp_path / "run4", cache)
+    assert len(trained) == 2

@@ -6,8 +6,10 @@ Free functions, one per thing (Joey NMT's `builders.py`), so the loop in `loop.p
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.files import atomic_write
 from data.batching import BatchIterator, TokenBatchSampler, token_lengths
-from data.dataset import encode_split, filter_train_pairs, load_split
+from data.dataset import cache_root, encode_split, filter_train_pairs, load_split
 from data.tokenizer import Tokenizer, train_or_load_tokenizer
 from model import Transformer
 from training import distributed
@@ -40,20 +42,41 @@ class Data:
     test: dict[str, datasets.Dataset]  # raw text (src, tgt) per test split
 
 
-def load_data(cfg: Configs, run_dir: Path) -> Data:
+def load_data(cfg: Configs, run_dir: Path, seconds: dict[str, float] | None = None) -> Data:
     """Load and filter the corpus, train (or reuse) SentencePiece, encode (cached on disk).
 
     The test splits are loaded too, so that a missing one fails before training, not after.
+    `seconds`, if given, receives the time of each stage (load, filter, sentencepiece, encode).
     """
     data_cfg = cfg.data
-    train_raw = filter_train_pairs(load_split(data_cfg, data_cfg.train_split), data_cfg)
-    tokenizer = train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir)
-    train = encode_split(train_raw, tokenizer, data_cfg, train=True)
-    valid = encode_split(
-        load_split(data_cfg, data_cfg.valid_split), tokenizer, data_cfg, train=False
+    seconds = {} if seconds is None else seconds
+    with _timed(seconds, "load"):
+        train_raw = load_split(data_cfg, data_cfg.train_split)
+    with _timed(seconds, "filter"):
+        train_raw = filter_train_pairs(train_raw, data_cfg)
+    with _timed(seconds, "sentencepiece"):
+        tokenizer = train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir, cache_root(data_cfg))
+    with _timed(seconds, "encode"):
+        train = encode_split(train_raw, tokenizer, data_cfg, train=True)
+    with _timed(seconds, "load"):
+        valid_raw = load_split(data_cfg, data_cfg.valid_split)
+        test = {split: load_split(data_cfg, split) for split in data_cfg.test_splits}
+    with _timed(seconds, "encode"):
+        valid = encode_split(valid_raw, tokenizer, data_cfg, train=False)
+    log.info(
+        "data ready in %.1f s (%s)",
+        sum(seconds.values()),
+        ", ".join(f"{stage} {s:.1f} s" for stage, s in seconds.items()),
     )
-    test = {split: load_split(data_cfg, split) for split in data_cfg.test_splits}
     return Data(tokenizer, train, valid, test)
+
+
+@contextmanager
+def _timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
+    """Add the wall time of the `with` block to `seconds[stage]`."""
+    started = time.perf_counter()
+    yield
+    seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
 def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Data:

@@ -98,7 +98,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         dynamic_ncols=True,
         disable=not (ctx.is_main and sys.stderr.isatty()),
     )
-    started = time.perf_counter()
+    started, first_step = time.perf_counter(), state.step + 1
     with StopRequests() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
             grad_norm, stop_now = train_step(
@@ -106,6 +106,8 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
             )
             state.step += 1
             progress.update(1)
+            if state.step == first_step:
+                log.info("first update done (step %d)", state.step)
             if state.step % trainer.log_every == 0:
                 progress.set_postfix(_log_train(window, trainee, grad_norm, run.logger, ctx))
             if stop_now or state.step % trainer.eval_every == 0:
