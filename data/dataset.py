@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import BinaryIO
 
 import datasets
 from datasets.arrow_writer import ArrowWriter
+from tqdm import tqdm
 
 from common.files import atomic_write
 
@@ -253,7 +255,13 @@ def _write_corpus_arrow(src_path: Path, tgt_path: Path, cache_file: Path, key: s
         n_pairs = 0
         with ArrowWriter(features=_TEXT_FEATURES, stream=stream, fingerprint=key) as writer:
             batch: dict[str, list[str]] = {"src": [], "tgt": []}
-            for src, tgt in _iter_pairs(src_path, tgt_path):
+            pairs = tqdm(
+                _iter_pairs(src_path, tgt_path),
+                desc=f"reading {src_path.name} + {tgt_path.name}",
+                unit=" pairs",
+                disable=not sys.stderr.isatty(),  # a bar on a terminal only
+            )
+            for src, tgt in pairs:
                 batch["src"].append(src)
                 batch["tgt"].append(tgt)
                 if len(batch["src"]) == _WRITE_BATCH:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sentencepiece as spm
+from tqdm import tqdm
 
 from common.files import atomic_write
 
@@ -384,7 +386,15 @@ def _train_model(train: datasets.Dataset, columns: tuple[str, ...], cfg: Tokeniz
     spm.set_random_generator_seed(_SPM_SEED)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_iter_sentences(train, columns),
+            sentence_iterator=iter(
+                tqdm(
+                    _iter_sentences(train, columns),
+                    desc="SentencePiece: reading sentences",
+                    total=len(train) * len(columns),
+                    unit=" sent",
+                    disable=not sys.stderr.isatty(),  # a bar on a terminal only
+                )
+            ),
             model_writer=model,
             model_type=cfg.model_type,
             vocab_size=cfg.vocab_size,
