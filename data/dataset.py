@@ -89,7 +89,8 @@ class DataConfig:
             plus 5 characters) exceeds this are dropped as likely misaligned; 0 disables.
         cache_dir: Where Arrow caches go; None -> ``$ATTNMT_CACHE`` or ``~/.cache/attnmt``.
             Hub downloads also go below it when it is set (else Hugging Face's own cache).
-        num_proc: Processes for ``datasets`` map/filter (tokenization).
+        num_proc: Processes for filtering and encoding (batched ``datasets`` maps); 0 means
+            one per CPU core for splits of 50k pairs or more, in-process for smaller ones.
     """
 
     dir: str | None = None
@@ -104,7 +105,7 @@ class DataConfig:
     max_len: int = 128
     max_len_ratio: float = 3.0
     cache_dir: str | None = None
-    num_proc: int = 1
+    num_proc: int = 0
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -118,8 +119,22 @@ def _hash(*parts: object) -> str:
     return hashlib.sha256("\0".join(map(str, (_CACHE_VERSION, *parts))).encode()).hexdigest()[:20]
 
 
-def _num_proc(cfg: DataConfig) -> int | None:
-    return cfg.num_proc if cfg.num_proc > 1 else None  # datasets wants None for in-process
+# With data.num_proc=0 (auto), smaller splits are processed in-process.
+_AUTO_NUM_PROC_MIN_ROWS = 50_000
+
+
+def _num_proc(cfg: DataConfig, rows: int) -> int | None:
+    """Worker processes for a map/filter over `rows` rows; None means in-process."""
+    n = cfg.num_proc
+    if n == 0:  # auto: every core this process may use, for splits big enough
+        n = _cores() if rows >= _AUTO_NUM_PROC_MIN_ROWS else 1
+    return n if n > 1 else None  # datasets wants None for in-process
+
+
+def _cores() -> int:
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -380,7 +395,7 @@ def filter_train_pairs(ds: datasets.Dataset, cfg: DataConfig) -> datasets.Datase
         cache_file_name=str(cache_file),
         load_from_cache_file=True,
         new_fingerprint=key,
-        num_proc=_num_proc(cfg),
+        num_proc=_num_proc(cfg, len(ds)),
         desc="filtering training pairs",
     )
     removed = len(ds) - len(kept)
@@ -441,7 +456,7 @@ def encode_split(
         cache_file_name=str(cache_file),
         load_from_cache_file=True,
         new_fingerprint=key,
-        num_proc=_num_proc(cfg),
+        num_proc=_num_proc(cfg, len(ds)),
         desc="encoding",
     )
     if train:

@@ -424,3 +424,14 @@ def test_encode_with_two_processes_matches_one(
     parallel = encode_split(load_split(two, "train"), tokenizer, two, train=True)
     assert len(parallel.cache_files) == 2  # one shard per process
     assert parallel[:] == expected
+
+
+def test_num_proc_zero_means_every_core_for_big_splits_only(monkeypatch) -> None:
+    from data import dataset
+
+    monkeypatch.setattr(dataset, "_cores", lambda: 8)
+    auto = DataConfig(num_proc=0)
+    assert dataset._num_proc(auto, 49_999) is None  # in-process
+    assert dataset._num_proc(auto, 50_000) == 8
+    assert dataset._num_proc(DataConfig(num_proc=3), 10) == 3  # explicit: as asked
+    assert dataset._num_proc(DataConfig(num_proc=1), 10**6) is None
