@@ -24,8 +24,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $@
 
-# Default experiment (CPU-sized Multi30k en->de, about 40 min on 2 cores, measured 2026-11-21). Uses local Multi30k files
-# when ../shared/data/multi30k exists, else the Hub dataset bentrevett/multi30k.
+# Default experiment (CPU-sized Multi30k en->de, about 40 min on 2 cores, measured 2026-11-21).
+# Uses local Multi30k files when ../shared/data/multi30k exists, else the Hub dataset
+# bentrevett/multi30k.
 # Override: make train DATA_DIR=/path/to/multi30k TRAIN_ARGS="trainer.max_steps=500"
 train: venv
 	$(BIN)/python train.py experiment=$(EXPERIMENT) \

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,6 +29,7 @@ from training.run_dir import check_run_dir_free, torchrun_overrides
 
 PROG = "train.py"
 RANK = int(os.environ.get("RANK", "0"))
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 log = logging.getLogger("train")
 
 
@@ -79,24 +81,25 @@ def _fail(message: str) -> None:
     if RANK == 0 and logging.getLogger().handlers:  # Hydra's logging: keep it in train.log
         log.error("%s", message)
     print(f"{PROG}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    _exit(2)
 
 
-def _end_worker() -> None:
-    """End a torchrun worker without interpreter teardown, once everything is written.
+def _exit(code: int) -> NoReturn:
+    """Exit; a torchrun worker skips interpreter teardown (after flushing what it printed).
 
-    DDP keeps the process group alive after `destroy_process_group` (torch 2.13: the gloo
-    threads are still running at exit; `tests/test_distributed.py::test_ddp_leaks_its_process_group`
-    shows it), and a worker that finalizes with them running can abort ("terminate called
-    without an active exception", SIGABRT: 2 of about 20 torchrun runs in one CI run; not
-    reproduced in about 60 runs here). Nothing is left to run at this point: results,
-    checkpoints and TensorBoard are closed by `fit`; only the log handlers and stdio buffers
-    need flushing.
+    DDP keeps the process group alive after `destroy_process_group` (torch 2.13: its gloo
+    threads still run at exit, see `tests/test_distributed.py::test_ddp_leaks_its_process_group`),
+    and in one CI run 2 of about 20 torchrun runs had a worker abort with SIGABRT ("terminate
+    called without an active exception"), most likely while finalizing with those threads
+    running (not reproduced in about 60 runs here). Everything the run writes is closed by then
+    (checkpoints, results, TensorBoard); only log handlers and stdio need flushing.
     """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    if WORLD_SIZE > 1:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
@@ -106,5 +109,4 @@ if __name__ == "__main__":
     except UserError as e:
         _fail(str(e))
     main()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _end_worker()
+    _exit(0)
