@@ -27,6 +27,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,19 +81,35 @@ def measure(overrides: list[str]) -> dict:
     from training.distributed import DistContext
 
     cfg = compose_config(overrides)
+    peak_after: dict[str, float] = {}  # the main process's peak RSS at the end of each stage
+    stage_clock = build._timed
+
+    @contextmanager
+    def timed_with_rss(seconds: dict[str, float], stage: str) -> Iterator[None]:
+        with stage_clock(seconds, stage):
+            yield
+        peak_after.setdefault(stage, _peak_rss_mib())  # the train split's pass
+
+    build._timed = timed_with_rss  # the stages of train.py, also noting memory
     started = time.perf_counter()
     data, seconds = prepare(cfg)
     t0 = time.perf_counter()
     batches = build.train_batches(data, cfg, DistContext(0, 1, torch.device("cpu")))
     next(iter(batches.epoch(0, 0)))
     seconds["first_batch"] = time.perf_counter() - t0
+    peak_after["first_batch"] = _peak_rss_mib()
     return {
         "pairs": len(data.train),
         "seconds": seconds,
         "total": time.perf_counter() - started,
-        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mib": _peak_rss_mib(),
+        "rss_mib_after": peak_after,
         "worker_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def du_mib(path: Path) -> float:
