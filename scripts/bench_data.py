@@ -112,10 +112,6 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def du_mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-
-
 def until_first_update(cmd: list[str], timeout: float = 3600) -> float:
     """Seconds from starting `cmd` (a train.py run) until it logs its first update; then
     kills it (the rest of the run is not what is measured)."""
@@ -169,6 +165,8 @@ def main() -> int:
         cache = args.one.parent / f"{args.one.name}.cache"
         shutil.rmtree(cache, ignore_errors=True)
         row = measure([*overrides, f"data.dir={args.one}", f"data.cache_dir={cache}"])
+        from scripts.prepare_data import du_mib
+
         row["cache_mib"] = du_mib(cache)
         print("RESULT " + json.dumps(row), flush=True)
         return 0

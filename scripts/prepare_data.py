@@ -55,6 +55,11 @@ def prepare(cfg: Configs) -> tuple[Data, dict[str, float]]:
     return data, seconds
 
 
+def du_mib(path: Path) -> float:
+    """Size of the files under `path`, in MiB (0 if it does not exist)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -69,7 +74,6 @@ def main(argv: list[str]) -> int:
         return 2
     total = time.perf_counter() - started
     cache = cache_root(cfg.data)
-    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) if cache.is_dir() else 0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(
@@ -78,7 +82,7 @@ def main(argv: list[str]) -> int:
         f"test splits: {', '.join(f'{k} {len(v)}' for k, v in data.test.items()) or 'none'}"
     )
     print(
-        f"cache {cache} ({size / 2**20:.0f} MiB); peak RSS {peak:.0f} MiB "
+        f"cache {cache} ({du_mib(cache):.0f} MiB); peak RSS {peak:.0f} MiB "
         f"(largest worker {workers:.0f} MiB)"
     )
     return 0

@@ -16,7 +16,7 @@ import training.config  # noqa: F401  (registers the decoding schema with Hydra)
 from training import build, distributed
 from training.config import Configs
 from training.loop import _Window, train_step
-from training.state import Trainee, TrainState, seed_everything
+from training.state import Trainee, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -73,14 +73,7 @@ def toy(tmp: Path, *overrides: str, run: str = "run") -> Toy:
     ctx = distributed.setup("cpu")
     seed_everything(cfg.trainer.seed)
     data = build.load_data(cfg, tmp / run)
-    model = build.build_model(cfg, data.tokenizer, ctx.device)
-    trainee = Trainee(
-        model,
-        build.build_optimizer(cfg.optim, model),
-        build.build_scaler(cfg.trainer.precision, ctx.device),
-        TrainState(),
-    )
-    return Toy(cfg, ctx, data, trainee)
+    return Toy(cfg, ctx, data, build.build_trainee(cfg, data.tokenizer, ctx.device))
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

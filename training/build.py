@@ -25,6 +25,7 @@ from model import Transformer
 from training import distributed
 from training.config import Configs, OptimConfig
 from training.schedule import inverse_sqrt_warmup, noam
+from training.state import Trainee, TrainState
 
 if TYPE_CHECKING:
     import datasets
@@ -106,6 +107,17 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
     for rank in range(ctx.world_size):
         distributed.wait_for_file(ready / f"loaded.{rank}", token, failed)
     return data
+
+
+def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Trainee:
+    """A fresh model with its optimizer, loss scaler and train state."""
+    model = build_model(cfg, tokenizer, device)
+    return Trainee(
+        model,
+        build_optimizer(cfg.optim, model),
+        build_scaler(cfg.trainer.precision, device),
+        TrainState(),
+    )
 
 
 def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:

@@ -145,13 +145,7 @@ class _Run:
         )
         seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
         data = build.prepare_data(cfg, run_dir, ctx)
-        model = build.build_model(cfg, data.tokenizer, ctx.device)
-        trainee = Trainee(
-            model,
-            build.build_optimizer(cfg.optim, model),
-            build.build_scaler(cfg.trainer.precision, ctx.device),
-            TrainState(),
-        )
+        trainee = build.build_trainee(cfg, data.tokenizer, ctx.device)
         if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx):
             seed_everything(cfg.trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams
         return cls(
@@ -160,7 +154,7 @@ class _Run:
             ctx,
             data,
             trainee,
-            build.wrap_model(model, ctx, cfg.trainer.compile),
+            build.wrap_model(trainee.model, ctx, cfg.trainer.compile),
             TrainLogger(run_dir / "tb", cfg.logger, enabled=ctx.is_main),
             build.valid_batches(data, cfg, ctx),
         )
