@@ -39,12 +39,15 @@ class InferenceBundle(NamedTuple):
     checkpoint: dict[str, Any]
 
 
-def model_payload(model: Transformer, tokenizer: Tokenizer) -> dict[str, Any]:
-    """What every checkpoint holds: enough to translate with nothing else."""
+def model_payload(
+    model: Transformer, tokenizer: Tokenizer, weights: dict[str, torch.Tensor] | None = None
+) -> dict[str, Any]:
+    """What every checkpoint holds: enough to translate with nothing else. `weights` (default:
+    the model's own) are what `model` holds, e.g. training's weight average."""
     return {
         "format_version": FORMAT_VERSION,
         "model_config": asdict(model.cfg),
-        "model": model.state_dict(),
+        "model": model.state_dict() if weights is None else weights,
         "tokenizer": tokenizer.state_dict(),
     }
 

@@ -24,6 +24,7 @@ from data.tokenizer import Tokenizer, train_or_load_tokenizer
 from model import Transformer
 from training import distributed
 from training.config import Configs, OptimConfig
+from training.ema import WeightEMA
 from training.schedule import inverse_sqrt_warmup, noam
 from training.state import Trainee, TrainState
 
@@ -112,11 +113,13 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
 def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Trainee:
     """A fresh model with its optimizer, loss scaler and train state."""
     model = build_model(cfg, tokenizer, device)
+    decay = cfg.trainer.ema_decay
     return Trainee(
         model,
         build_optimizer(cfg.optim, model),
         build_scaler(cfg.trainer.precision, device),
         TrainState(),
+        WeightEMA(model, decay) if decay > 0 else None,
     )
 
 

@@ -61,6 +61,7 @@ class TrainerConfig:
     dist_timeout: float = 1800.0
     tf32: bool = True
     prefetch: int = 2
+    ema_decay: float = 0.0
 
 
 @dataclass
@@ -112,6 +113,10 @@ class Configs:
         ):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be positive")
+        if not 0.0 <= trainer.ema_decay < 1.0:
+            raise ConfigError(
+                f"trainer.ema_decay={trainer.ema_decay} must be in [0, 1) (0 = off; e.g. 0.999)"
+            )
         if trainer.max_steps <= 0 and trainer.max_epochs <= 0:
             raise ConfigError(
                 "trainer.max_steps and trainer.max_epochs are both 0: set one of them"

@@ -176,11 +176,12 @@ class _Run:
 
     def validate_and_save(self) -> None:
         """Validate; track the best BLEU (early stopping); write last/best/step_N.pt."""
-        cfg, state = self.cfg, self.trainee.state
-        metrics = evaluate.validate(
-            self.trainee.model, self.data.tokenizer, self.data.valid, self.valid_batches,
-            cfg.decoding, cfg.trainer.valid_max_sentences, cfg.optim.label_smoothing,
-            self.autocast, self.ctx, self.logger, state.step)  # fmt: skip
+        cfg, state, ema = self.cfg, self.trainee.state, self.trainee.ema
+        with ema.applied() if ema else nullcontext():  # validate what best.pt will hold
+            metrics = evaluate.validate(
+                self.trainee.model, self.data.tokenizer, self.data.valid, self.valid_batches,
+                cfg.decoding, cfg.trainer.valid_max_sentences, cfg.optim.label_smoothing,
+                self.autocast, self.ctx, self.logger, state.step)  # fmt: skip
         improved = metrics["bleu"] > state.best_bleu
         if improved:
             state.best_bleu, state.best_step, state.best_valid = (
@@ -269,6 +270,8 @@ def train_step(
     grad_norm_value, stop_value = distributed.all_reduce_(flags, ctx, op="max").tolist()
     if math.isfinite(grad_norm_value):
         optimizer.step()
+        if trainee.ema is not None:
+            trainee.ema.update(state.step + 1)
         state.nonfinite_streak = 0
     else:
         _skip_update(trainee, trainer.max_nonfinite)

@@ -23,6 +23,7 @@ from decoding.checkpoint import (
     save_checkpoint,
 )
 from training import distributed
+from training.ema import WeightEMA
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ class Trainee:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     state: TrainState
+    ema: WeightEMA | None = None  # the weights' moving average (trainer.ema_decay > 0)
+
+    def inference_weights(self) -> dict[str, torch.Tensor]:
+        """What validation scores and checkpoints hold as `model`: the average if there is one."""
+        return self.ema.state_dict(self.model) if self.ema else self.model.state_dict()
 
 
 def save(
@@ -69,11 +75,14 @@ def save(
     if not ctx.is_main:
         return
     state = asdict(trainee.state)
-    base = {**model_payload(trainee.model, tokenizer), "train_state": state}
+    weights = trainee.inference_weights()
+    base = {**model_payload(trainee.model, tokenizer, weights), "train_state": state}
+    trained = {"train_weights": trainee.model.state_dict()} if trainee.ema else {}
     save_checkpoint(
         ckpt_dir / "last.pt",
         {
             **base,
+            **trained,
             "optimizer": trainee.optimizer.state_dict(),
             "scaler": trainee.scaler.state_dict(),
             "rng": rngs,
@@ -103,7 +112,15 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             f"{last} was trained with a different model config; resume with the same "
             "config or start a new run dir (hydra.run.dir=...)"
         )
-    model.load_state_dict(ckpt["model"])
+    # With EMA, `model` is the average and `train_weights` what the optimizer trained.
+    trained = ckpt.get("train_weights", ckpt["model"])
+    model.load_state_dict(trained)
+    if trainee.ema is not None:
+        trainee.ema.load_state_dict(model, ckpt["model"])
+        if "train_weights" not in ckpt:
+            log.info("%s has no weight average: EMA starts from its weights", last)
+    elif "train_weights" in ckpt:
+        log.warning("%s holds a weight average; trainer.ema_decay=0 drops it", last)
     _load_optimizer(trainee.optimizer, ckpt["optimizer"], last)
     if trainee.scaler.is_enabled() and not ckpt["scaler"]:
         log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
