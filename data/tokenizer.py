@@ -76,7 +76,7 @@ class TokenizerConfig:
     model_type: str = "unigram"
     joint: bool = True
     character_coverage: float = 1.0
-    input_sentence_size: int = 2_000_000
+    input_sentence_size: int = 1_000_000
     pad_id: int = 0
     unk_id: int = 1
     bos_id: int = 2
