@@ -94,7 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-c",
         "--checkpoint",
         required=True,
-        help="run dir (uses checkpoints/best.pt, else last.pt) or .pt file",
+        action="append",
+        help="run dir (uses checkpoints/best.pt, else last.pt) or .pt file; repeat it to "
+        "translate with an ensemble (log-probabilities averaged per step; the checkpoints must "
+        "share one tokenizer, their model sizes may differ)",
     )
     add_search_flags(parser)
     add(
@@ -123,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot-attention",
         metavar="PNG",
         help="save the cross-attention heatmap (last layer, mean over heads) of the "
-        "first non-empty input sentence",
+        "first non-empty input sentence; with several -c, the first checkpoint's attention "
+        "over the ensemble's translation",
     )
     return parser
 
@@ -213,10 +217,10 @@ def run(args: argparse.Namespace) -> None:
     device = resolve_device(args.device)
     precision = autocast(device, args.precision)
 
-    from decoding.checkpoint import load_for_inference
+    from decoding.ensemble import load_ensemble
     from decoding.translator import Translator
 
-    model, tokenizer, _ = load_for_inference(args.checkpoint, device)
+    model, tokenizer = load_ensemble(args.checkpoint, device)
     translator = Translator(model, tokenizer, cfg, device)
     with precision:
         nbest = translator.translate_nbest(sentences)

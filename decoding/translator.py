@@ -11,12 +11,11 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from data.batching import encode_source_batch
 from data.tokenizer import Tokenizer
 from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
-from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,8 @@ class Translator:
     mode while translating and restored afterwards, so a trainer can call this mid-training.
 
     Args:
-        model: the Transformer, already on `device`.
+        model: the Transformer (or a `decoding.ensemble.Ensemble` of several), already on
+            `device`.
         tokenizer: the tokenizer the model was trained with.
         search_cfg: decoding options; the defaults of `SearchConfig` when None.
         device: where the inputs go; the model's device when None.
@@ -58,7 +58,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer,
+        model: nn.Module,
         tokenizer: Tokenizer,
         search_cfg: SearchConfig | None = None,
         device: str | torch.device | None = None,

@@ -20,6 +20,7 @@ import translate
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
 from decoding.checkpoint import model_payload, save_checkpoint
+from decoding.ensemble import Ensemble
 from decoding.plot import heatmap_image, heatmap_tensor
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
@@ -50,6 +51,24 @@ def model(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, model, tokenizer) -> Path:  # noqa: ANN001
     path = tmp_path_factory.mktemp("run") / "checkpoints" / "best.pt"
     save_checkpoint(path, model_payload(model, tokenizer))
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_b(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    """A second model for ensembles: same tokenizer, another size (wider, deeper decoder)."""
+    vocab = tokenizer.src_vocab_size
+    return tiny_model(
+        vocab_size=vocab, seed=5, d_model=48, d_ff=96, n_decoder_layers=3, **SEARCH_MODEL
+    )
+
+
+@pytest.fixture(scope="session")
+def checkpoint_b(
+    tmp_path_factory: pytest.TempPathFactory, model_b: torch.nn.Module, tokenizer: Tokenizer
+) -> Path:
+    path = tmp_path_factory.mktemp("run_b") / "b.pt"
+    save_checkpoint(path, model_payload(model_b, tokenizer))
     return path
 
 
@@ -314,3 +333,50 @@ def test_attention_for_and_heatmap_image(model, tokenizer) -> None:  # noqa: ANN
     assert grid.shape[0] == 3 and 0.0 <= grid.min() and grid.max() <= 1.0
     with pytest.raises(ValueError, match="empty"):
         translator.attention_for("   ")
+
+
+# ------------------------------------------------------------------------------- ensembles
+
+
+def test_ensemble_end_to_end(
+    checkpoint: Path,
+    checkpoint_b: Path,
+    model,  # noqa: ANN001
+    model_b,  # noqa: ANN001
+    tokenizer: Tokenizer,
+    tmp_path: Path,
+) -> None:
+    """`-c A -c B` (two sizes) translates as `Ensemble([A, B])`; the plot is the first one's."""
+    png = tmp_path / "attn.png"
+    args = ("-c", str(checkpoint.parents[1]), "-c", str(checkpoint_b), "--beam", "3")
+    result = run_cli(*args, "--plot-attention", str(png), *INPUTS)
+    assert result.returncode == 0, result.stderr.decode()
+    cfg = SearchConfig(beam_size=3)
+    expected = Translator(Ensemble([model, model_b]), tokenizer, cfg).translate(INPUTS)
+    assert result.stdout.decode().split("\n")[:-1] == expected
+    assert expected != Translator(model, tokenizer, cfg).translate(INPUTS)
+    assert expected[1] == "" and all(expected[i] for i in (0, 2, 3))
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_ensemble_of_two_copies_is_one(capsys: pytest.CaptureFixture, checkpoint: Path) -> None:
+    args = ("--beam", "3", "--nbest", "2", *INPUTS)
+    status, one, err = call_main(capsys, "-c", str(checkpoint), *args)
+    assert status == 0, err
+    status, two, err = call_main(capsys, "-c", str(checkpoint), "-c", str(checkpoint), *args)
+    assert status == 0, err
+    assert two == one
+
+
+def test_ensemble_needs_one_tokenizer(
+    checkpoint: Path,
+    tmp_path: Path,
+    tiny_model,  # noqa: ANN001
+) -> None:
+    other_tokenizer = tiny_tokenizer(tmp_path / "spm", vocab_size=80)
+    other_model = tiny_model(vocab_size=other_tokenizer.src_vocab_size, seed=1, **SEARCH_MODEL)
+    other = tmp_path / "other.pt"
+    save_checkpoint(other, model_payload(other_model, other_tokenizer))
+    result = run_cli("-c", str(checkpoint), "-c", str(other), "Ein Mann.")
+    assert result.returncode == 1 and result.stdout == b""
+    assert_one_line_error(result.stderr.decode(), "different tokenizer", str(other))
