@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import io
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -380,3 +384,166 @@ def test_ensemble_needs_one_tokenizer(
     result = run_cli("-c", str(checkpoint), "-c", str(other), "Ein Mann.")
     assert result.returncode == 1 and result.stdout == b""
     assert_one_line_error(result.stderr.decode(), "different tokenizer", str(other))
+
+
+# ------------------------------------------------------------------------------- streaming
+
+STREAM = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Park.", "Die Sonne scheint."]
+
+
+def test_pipe_gets_each_translation_before_the_next_line(
+    checkpoint: Path,
+    model,  # noqa: ANN001
+    tokenizer: Tokenizer,
+) -> None:
+    """Through a pipe, a line's translation comes back while stdin is still open."""
+    expected = Translator(model, tokenizer, SearchConfig(beam_size=2)).translate(STREAM)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "translate.py"), "-c", str(checkpoint), "--beam", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+    )
+    lines: queue.Queue[bytes] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        for sentence, translation in zip(STREAM, expected, strict=True):
+            proc.stdin.write(f"{sentence}\n".encode())
+            proc.stdin.flush()
+            try:
+                got = lines.get(timeout=120)  # the next line is written only after this one
+            except queue.Empty:
+                pytest.fail(f"no translation of {sentence!r} in 120 s (status {proc.poll()})")
+            assert got.decode() == f"{translation}\n"
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+
+
+# 11 lines: empty and blank ones, at chunk edges (--buffer-size 3) and at the end.
+CHUNKED = [
+    "Ein Mann fährt Fahrrad.",
+    "",
+    "Zwei Hunde spielen im Park.",
+    "  ",
+    "Die Sonne scheint.",
+    "Es regnet in der Stadt.",
+    "",
+    "Ein Hund fängt einen Ball.",
+    "Der Zug fährt schnell.",
+    "Eine Frau lächelt.",
+    "",
+]
+
+
+def test_chunked_input_gives_the_same_output(
+    capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "in.de"
+    path.write_text("\n".join(CHUNKED) + "\n", encoding="utf-8")
+    args = ("-c", str(checkpoint), "--beam", "2", "--input", str(path))
+    status, whole, err = call_main(capsys, *args)
+    assert status == 0, err
+    lines = whole.split("\n")[:-1]
+    assert len(lines) == len(CHUNKED)
+    assert [bool(line) for line in lines] == [bool(s.strip()) for s in CHUNKED]
+    status, chunked, err = call_main(capsys, *args, "--buffer-size", "3")
+    assert status == 0, err
+    assert chunked == whole
+    status, nbest, err = call_main(capsys, *args, "--buffer-size", "3", "--nbest", "2")
+    assert status == 0, err
+    indices = [int(line.split(" ||| ")[0]) for line in nbest.splitlines()]
+    assert sorted(set(indices)) == list(range(len(CHUNKED))) and indices == sorted(indices)
+
+
+def test_progress_bar_on_a_terminal(
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "in.de"
+    path.write_text("\n".join(CHUNKED) + "\n", encoding="utf-8")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    args = ("-c", str(checkpoint), "--beam", "1", "--input", str(path), "--buffer-size", "4")
+    status, out, err = call_main(capsys, *args)
+    assert status == 0, err
+    assert len(out.split("\n")[:-1]) == len(CHUNKED)
+    assert f"{len(CHUNKED)}/{len(CHUNKED)}" in err and "sent/s" in err
+
+
+def test_output_is_atomic_when_the_input_fails_midway(
+    capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path
+) -> None:
+    """Invalid UTF-8 on line 5, after two chunks are written: the old --output stays."""
+    output = tmp_path / "hyp.en"
+    output.write_text("old\n", encoding="utf-8")
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"Ein Hund.\n" * 4 + "Grüße\n".encode("latin-1"))
+    args = ("-c", str(checkpoint), "--input", str(bad), "--output", str(output))
+    status, out, err = call_main(capsys, *args, "--buffer-size", "2")
+    assert status != 0
+    assert_one_line_error(err, "bad.de", "line 5", "UTF-8")
+    assert output.read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.de", "hyp.en"]  # no temp file
+
+
+def test_output_is_atomic_when_ref_mismatch_shows_at_the_end(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """From a pipe, --ref's line count can only be checked after the last line."""
+    output = tmp_path / "hyp.en"
+    output.write_text("old\n", encoding="utf-8")
+    (tmp_path / "ref.en").write_text("one\ntwo\n", encoding="utf-8")
+    args = ("-c", str(checkpoint), "--output", str(output), "--ref", str(tmp_path / "ref.en"))
+    result = run_cli(*args, stdin="Ein Hund.\nZwei Hunde.\nDrei.\n")
+    assert result.returncode == 1
+    assert_one_line_error(result.stderr.decode(), "2 lines", "has 3")
+    assert output.read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.en", "ref.en"]
+
+
+def test_ctrl_c_keeps_the_old_output(checkpoint: Path, tmp_path: Path) -> None:
+    """SIGINT while waiting for input: exit 130, old --output intact, temp file removed."""
+    output = tmp_path / "hyp.en"
+    output.write_text("old\n", encoding="utf-8")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "translate.py"),
+            "-c",
+            str(checkpoint),
+            "--output",
+            str(output),
+        ],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+    )
+    try:
+        proc.stdin.write(b"Ein Hund.\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".hyp.en.*.tmp")):  # translating into the temp file
+            assert proc.poll() is None and time.monotonic() < deadline, "no temp file appeared"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert "interrupted" in proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stderr.close()
+    assert output.read_text(encoding="utf-8") == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["hyp.en"]
