@@ -9,6 +9,7 @@ every user mistake raises `UserError` (or exits 2 for a bad flag), one line, no 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -168,6 +169,8 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UserError(f"{flag} {path} is a directory; pass a file name")
     if not target.parent.is_dir():
         raise UserError(f"{flag} directory {target.parent} does not exist; create it first")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the temp file goes there too
+        raise UserError(f"{flag} directory {target.parent} is not writable; pick another path")
 
 
 def resolve_device(name: str) -> str:
