@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         action="append",
         help="run dir (uses checkpoints/best.pt, else last.pt) or .pt file; repeat it to "
-        "translate with an ensemble (log-probabilities averaged per step; the checkpoints must "
-        "share one tokenizer, their model sizes may differ)",
+        "translate with an ensemble (at each step the models' log-probabilities are averaged, "
+        "then renormalised; the checkpoints must share one tokenizer, their sizes may differ)",
     )
     add_search_flags(parser)
     add(
@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="a file (--input, or stdin redirected from one) is read and translated N lines at "
         "a time, length-sorted within them, so memory stays bounded; from a pipe or terminal, "
-        "each line is translated as soon as it arrives, up to N at once when lines arrive "
-        "faster (default: 10000)",
+        "each line is translated as soon as it arrives, about N at most at once when lines "
+        "arrive faster (default: 10000)",
     )
     add(
         "--output", metavar="FILE", help="write translations to FILE (atomically) instead of stdout"
