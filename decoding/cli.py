@@ -2,8 +2,9 @@
 
 The search flags (`--beam`, `--length-penalty`, `--lp-type`, `--max-len-a`, `--max-len-b`,
 `--nbest`, `--batch-size`) are generated from the fields of `SearchConfig`, so their defaults,
-limits and help are the dataclass's. Flags and inputs are checked before torch is imported;
-every user mistake raises `UserError` (or exits 2 for a bad flag), one line, no traceback.
+limits and help are the dataclass's. Flags, paths and `--ref` are checked before torch is
+imported (the input's text is checked as it is read, since it is streamed); every user mistake
+raises `UserError` (or exits 2 for a bad flag), one line, no traceback.
 """
 
 from __future__ import annotations
