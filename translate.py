@@ -6,9 +6,10 @@
     python translate.py -c RUN_DIR --input test.de --output hyp.en --ref test.en --beam 5
     python translate.py -c RUN_DIR --plot-attention attn.png "Ein Mann fährt Fahrrad."
 
-One translation per input line, in order (an empty line gives an empty line). Every user
-mistake ends with one line on stderr, `translate.py: error: <problem>; <fix>`, and exit status
-1 (2 for bad flags), never a traceback. The flags and the run live in `decoding/cli.py`.
+One translation per input line, in order (an empty line gives an empty line), written as the
+input is read: a file `--buffer-size` lines at a time, a pipe or terminal line by line. Every
+user mistake ends with one line on stderr, `translate.py: error: <problem>; <fix>`, and exit
+status 1 (2 for bad flags), never a traceback. The flags and the run live in `decoding/cli.py`.
 """
 
 from __future__ import annotations

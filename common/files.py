@@ -6,30 +6,29 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
 from common.errors import UserError
 
 
-def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
-    """Write `data` to `path` through a temp file in the same folder, fsync, then rename.
+@contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through: a temp file in the same folder, renamed over
+    `path` (after fsync) when the `with` block ends without an error.
 
-    `data` is bytes, text (written as UTF-8 with "\\n" line ends) or a function that writes
-    into the open binary file (e.g. `lambda f: torch.save(obj, f)`). The file gets the usual
-    permissions (0666 minus the umask), not mkstemp's 0600. On any error, the temp file is
-    removed and the previous `path`, if any, is untouched.
+    The file gets the usual permissions (0666 minus the umask), not mkstemp's 0600. On any
+    error in the block (Ctrl-C included), the temp file is removed and the previous `path`, if
+    any, is untouched. For writing as you go, e.g. translations of a long input.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
@@ -39,6 +38,20 @@ def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
+    """Write `data` to `path` atomically (`atomic_open`: temp file, fsync, rename).
+
+    `data` is bytes, text (written as UTF-8 with "\\n" line ends) or a function that writes
+    into the open binary file (e.g. `lambda f: torch.save(obj, f)`). On any error, the previous
+    `path`, if any, is untouched.
+    """
+    with atomic_open(path) as f:
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def read_lines(path: str | Path | None, label: str = "input") -> list[str]:
@@ -60,12 +73,45 @@ def read_lines(path: str | Path | None, label: str = "input") -> list[str]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        name = "standard input" if path is None else path
-        raise UserError(
-            f"{name} is not valid UTF-8 (line {line}: {e.reason}); "
-            "convert it to UTF-8, e.g. with iconv -f latin1 -t utf-8"
-        ) from None
+        raise _not_utf8("standard input" if path is None else path, line, e) from None
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def decode_line(raw: bytes, number: int, name: str | Path) -> str:
+    """One line of UTF-8 input without its "\\n" or "\\r\\n" end; line 1 loses a byte-order mark.
+
+    Raises:
+        UserError: not UTF-8 (the message names `name` and the line `number`, 1-based).
+    """
+    raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+    try:
+        return raw.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(name, number, e) from None
+
+
+def iter_lines(stream: BinaryIO, name: str | Path) -> Iterator[str]:
+    """The lines of a binary stream as `read_lines` splits them, one at a time (memory stays
+    bounded however long the file is).
+
+    Raises:
+        UserError: a line is not UTF-8, or reading fails (the message names `name`).
+    """
+    number = 0
+    try:
+        for number, raw in enumerate(stream, 1):
+            yield decode_line(raw, number, name)
+    except OSError as e:
+        raise UserError(
+            f"cannot read {name} after line {number} ({e.strerror}); check the file"
+        ) from None
+
+
+def _not_utf8(name: str | Path, line: int, e: UnicodeDecodeError) -> UserError:
+    return UserError(
+        f"{name} is not valid UTF-8 (line {line}: {e.reason}); "
+        "convert it to UTF-8, e.g. with iconv -f latin1 -t utf-8"
+    )

@@ -1,6 +1,6 @@
-"""Inference: greedy/beam search on the KV cache (`search`), text in/out (`translator`), the
-decoding options (`config`), the checkpoint format (`checkpoint`) and the `translate.py`
-command line (`cli`).
+"""Inference: greedy/beam search on the KV cache (`search`), ensembles of models (`ensemble`),
+text in/out (`translator`), the decoding options (`config`), the checkpoint format
+(`checkpoint`), and the `translate.py` command line (`cli`) with its input sources (`inputs`).
 
 The names below are imported on first use, so that `decoding.config` and `decoding.cli` load
 without torch. Attention heatmaps live in `decoding.plot` (it pulls in matplotlib).
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 _HOME = {
     "SearchConfig": "decoding.config",
+    "Ensemble": "decoding.ensemble",
     "Hypothesis": "decoding.search",
     "SearchResult": "decoding.search",
     "beam_search": "decoding.search",
@@ -25,6 +26,7 @@ _HOME = {
 }
 
 __all__ = [  # the keys of _HOME
+    "Ensemble",
     "Hypothesis",
     "SearchConfig",
     "SearchResult",
@@ -39,6 +41,7 @@ __all__ = [  # the keys of _HOME
 
 if TYPE_CHECKING:
     from decoding.config import SearchConfig
+    from decoding.ensemble import Ensemble
     from decoding.search import (
         Hypothesis,
         SearchResult,

@@ -2,23 +2,34 @@
 
 The search flags (`--beam`, `--length-penalty`, `--lp-type`, `--max-len-a`, `--max-len-b`,
 `--nbest`, `--batch-size`) are generated from the fields of `SearchConfig`, so their defaults,
-limits and help are the dataclass's. Flags and inputs are checked before torch is imported;
-every user mistake raises `UserError` (or exits 2 for a bad flag), one line, no traceback.
+limits and help are the dataclass's. Flags, paths and `--ref` are checked before torch is
+imported (the input's text is checked as it is read, since it is streamed); every user mistake
+raises `UserError` (or exits 2 for a bad flag), one line, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import Field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
+from typing import (
+    TYPE_CHECKING,
+    BinaryIO,
+    Literal,
+    NamedTuple,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 from common.errors import UserError
-from common.files import atomic_write, read_lines
+from common.files import atomic_open, read_lines
 from decoding.config import SearchConfig
+from decoding.inputs import Input, open_input
 
 if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are checked
     from decoding.translator import TextHypothesis, Translator
@@ -86,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Translate sentences with a trained encoder-decoder Transformer.",
         epilog="Input: positional sentences, else --input FILE, else standard input; one "
-        "sentence per line. Output: one translation per input line on stdout (or --output).",
+        "sentence per line. Output: one translation per input line, in input order, on stdout "
+        "(or --output), written as the translation goes. A progress bar (sentences/s) goes to "
+        "stderr when it is a terminal and the input is a file.",
     )
     add = parser.add_argument
     add("sentences", nargs="*", help="sentences to translate (default: --input or stdin)")
@@ -94,7 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-c",
         "--checkpoint",
         required=True,
-        help="run dir (uses checkpoints/best.pt, else last.pt) or .pt file",
+        action="append",
+        help="run dir (uses checkpoints/best.pt, else last.pt) or .pt file; repeat it to "
+        "translate with an ensemble (at each step the models' log-probabilities are averaged, "
+        "then renormalised; the checkpoints must share one tokenizer, their sizes may differ)",
     )
     add_search_flags(parser)
     add(
@@ -112,6 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
+        "--buffer-size",
+        type=_number(int, 1),
+        default=10000,
+        metavar="N",
+        help="a file (--input, or stdin redirected from one) is read and translated N lines at "
+        "a time, length-sorted within them, so memory stays bounded; from a pipe or terminal, "
+        "each line is translated as soon as it arrives, about N at most at once when lines "
+        "arrive faster (default: 10000)",
+    )
+    add(
         "--output", metavar="FILE", help="write translations to FILE (atomically) instead of stdout"
     )
     add(
@@ -123,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot-attention",
         metavar="PNG",
         help="save the cross-attention heatmap (last layer, mean over heads) of the "
-        "first non-empty input sentence",
+        "first non-empty input sentence; with several -c, the first checkpoint's attention "
+        "over the ensemble's translation",
     )
     return parser
 
@@ -143,6 +170,8 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UserError(f"{flag} {path} is a directory; pass a file name")
     if not target.parent.is_dir():
         raise UserError(f"{flag} directory {target.parent} does not exist; create it first")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the temp file goes there too
+        raise UserError(f"{flag} directory {target.parent} is not writable; pick another path")
 
 
 def resolve_device(name: str) -> str:
@@ -186,51 +215,99 @@ def autocast(device: str, precision: str) -> AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype)
 
 
-def format_output(nbest: list[list[TextHypothesis]], n: int) -> str:
-    """Plain translations, or Moses-style n-best lines `i ||| translation ||| score`."""
+def format_output(nbest: list[list[TextHypothesis]], n: int, start: int = 0) -> str:
+    """Plain translations, or Moses-style n-best lines `i ||| translation ||| score` (`i`
+    counts input lines from 0; the first of `nbest` is input line `start`)."""
     if n == 1:
         return "".join(f"{hyps[0].text}\n" for hyps in nbest)
     return "".join(
-        f"{i} ||| {h.text} ||| {h.score:.4f}\n" for i, hyps in enumerate(nbest) for h in hyps
+        f"{start + i} ||| {h.text} ||| {h.score:.4f}\n"
+        for i, hyps in enumerate(nbest)
+        for h in hyps
     )
 
 
+def check_ref_count(path: str, n_refs: int, n_inputs: int) -> None:
+    if n_refs != n_inputs:
+        raise UserError(
+            f"--ref {path} has {n_refs} lines but the input has {n_inputs}; "
+            "pass the reference file that matches the input line by line"
+        )
+
+
 def run(args: argparse.Namespace) -> None:
-    """Translate what `args` (from `build_parser`) asks for; raises `UserError` on a mistake."""
+    """Translate what `args` (from `build_parser`) asks for; raises `UserError` on a mistake.
+
+    The input is read and translated a batch at a time (`decoding.inputs`) and each batch's
+    translations are written (and flushed) before the next batch is read. `--output` is
+    written to a temp file renamed into place at the end, so an error or Ctrl-C leaves any
+    previous file intact.
+    """
     cfg = search_config(args)
     check_writable(args.output, "--output")
     check_writable(args.plot_attention, "--plot-attention")
-    if args.sentences:
-        sentences = [" ".join(s.splitlines()) for s in args.sentences]
-    else:
-        sentences = read_lines(args.input, "--input")
+    sentences = [" ".join(s.splitlines()) for s in args.sentences]
     refs = None if args.ref is None else read_lines(args.ref, "--ref")
-    if refs is not None and len(refs) != len(sentences):
-        raise UserError(
-            f"--ref {args.ref} has {len(refs)} lines but the input has {len(sentences)}; "
-            "pass the reference file that matches the input line by line"
-        )
-    device = resolve_device(args.device)
-    precision = autocast(device, args.precision)
+    with open_input(sentences, args.input, args.buffer_size) as source:
+        progress = not source.interactive and not sentences and sys.stderr.isatty()
+        n_lines = source.count_lines() if refs is not None or progress else None
+        if refs is not None and n_lines is not None:  # a file: fail before loading the model
+            check_ref_count(args.ref, len(refs), n_lines)
+        device = resolve_device(args.device)
+        precision = autocast(device, args.precision)
 
-    from decoding.checkpoint import load_for_inference
-    from decoding.translator import Translator
+        from decoding.ensemble import load_ensemble
+        from decoding.translator import Translator
 
-    model, tokenizer, _ = load_for_inference(args.checkpoint, device)
-    translator = Translator(model, tokenizer, cfg, device)
-    with precision:
-        nbest = translator.translate_nbest(sentences)
-    output = format_output(nbest, cfg.nbest)
-    if args.output:
-        atomic_write(args.output, output)
-    else:
-        sys.stdout.buffer.write(output.encode("utf-8"))
-        sys.stdout.flush()
+        model, tokenizer = load_ensemble(args.checkpoint, device)
+        translator = Translator(model, tokenizer, cfg, device)
+        output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
+        with output as out, precision:
+            keep = refs is not None
+            done = translate_input(translator, source, out, cfg.nbest, keep, n_lines, progress)
+            if refs is not None:  # a pipe: its line count is known only now
+                check_ref_count(args.ref, len(refs), done.lines)
     if refs is not None:
-        report_scores([hyps[0].text for hyps in nbest], refs)
+        report_scores(done.hyps, refs)
     if args.plot_attention:
         with precision:
-            plot_first(translator, sentences, args.plot_attention)
+            plot_first(translator, done.first, args.plot_attention)
+
+
+class Translated(NamedTuple):
+    lines: int  # input lines translated
+    hyps: list[str]  # their best translations, when asked to keep them (for --ref)
+    first: str | None  # the first non-empty input line (for --plot-attention)
+
+
+def translate_input(
+    translator: Translator,
+    source: Input,
+    out: BinaryIO,
+    nbest: int,
+    keep: bool = False,
+    total: int | None = None,
+    progress: bool = False,
+) -> Translated:
+    """Translate `source` a batch at a time, writing and flushing each batch's translations to
+    `out` before reading the next; a progress bar (`total` lines) on stderr if `progress`."""
+    from tqdm import tqdm
+
+    hyps: list[str] = []
+    first, done = None, 0
+    with tqdm(
+        total=total, unit="sent", desc="translating", file=sys.stderr, disable=not progress
+    ) as bar:
+        for lines in source.batches():
+            results = translator.translate_nbest(lines, progress=bar.update)
+            out.write(format_output(results, nbest, start=done).encode("utf-8"))
+            out.flush()
+            done += len(lines)
+            if first is None:
+                first = next((line for line in lines if line.strip()), None)
+            if keep:
+                hyps.extend(best[0].text for best in results)
+    return Translated(done, hyps, first)
 
 
 def report_scores(hyps: list[str], refs: list[str]) -> None:
@@ -243,10 +320,9 @@ def report_scores(hyps: list[str], refs: list[str]) -> None:
     print(f"chrF = {corpus_chrf(hyps, refs)}", file=sys.stderr)
 
 
-def plot_first(translator: Translator, sentences: list[str], path: str) -> None:
+def plot_first(translator: Translator, first: str | None, path: str) -> None:
     from decoding.plot import plot_attention
 
-    first = next((s for s in sentences if s.strip()), None)
     if first is None:
         print(f"{PROG}: warning: every input line is empty; no attention plot", file=sys.stderr)
         return

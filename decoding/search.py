@@ -21,6 +21,9 @@ Conventions (fairseq's `SequenceGenerator`, simplified):
   half are EOS. EOS candidates ranked within the top K are finished; the top K non-EOS
   candidates go on. A sentence is done once it has K finished hypotheses (fairseq's rule: no
   check whether a live hypothesis could still beat them) or reaches its maximum length.
+- Minimum length 1: EOS is never the first generated token (fairseq's default `min_len=1`,
+  CTranslate2's `min_decoding_length=1`), so an empty translation is never a hypothesis. Only
+  a length budget of 0 (e.g. `max_len_a=0, max_len_b=0`) still forces EOS at once.
 - Pad and BOS are never generated.
 """
 
@@ -131,8 +134,9 @@ def _next_tokens(
 ) -> tuple[Tensor, Tensor]:
     """The `n` most probable next tokens of each row and their log-probabilities.
 
-    `last` (N,) is the token at position `step`. Pad and BOS are never proposed; a row that
-    already holds its budget of tokens gets EOS as its only finite candidate. Taking the top
+    `last` (N,) is the token at position `step`. Pad and BOS are never proposed, nor EOS at
+    step 0; a row that already holds its budget of tokens gets EOS as its only finite
+    candidate (also at step 0, when the budget is 0). Taking the top
     `n` of the logits before normalising saves writing a full (N, V) log-softmax.
 
     Shape: last (N,) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
@@ -143,6 +147,8 @@ def _next_tokens(
     eos_lprob = logits[:, special.eos : special.eos + 1] - log_z  # (N, 1)
     logits[:, special.pad] = float("-inf")
     logits[:, special.bos] = float("-inf")
+    if step == 0:  # minimum length 1: no empty translation (fairseq's min_len=1)
+        logits[:, special.eos] = float("-inf")
     n = min(n, logits.size(-1))
     top_logits, tokens = logits.topk(n, dim=-1)  # (N, n)
     lprobs = top_logits - log_z  # (N, n)

@@ -6,17 +6,16 @@ Legend: B batch, S src len, T tgt len, L decoder layers, H heads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from data.batching import encode_source_batch
 from data.tokenizer import Tokenizer
 from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
-from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,8 @@ class Translator:
     mode while translating and restored afterwards, so a trainer can call this mid-training.
 
     Args:
-        model: the Transformer, already on `device`.
+        model: the Transformer (or a `decoding.ensemble.Ensemble` of several), already on
+            `device`.
         tokenizer: the tokenizer the model was trained with.
         search_cfg: decoding options; the defaults of `SearchConfig` when None.
         device: where the inputs go; the model's device when None.
@@ -58,7 +58,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer,
+        model: nn.Module,
         tokenizer: Tokenizer,
         search_cfg: SearchConfig | None = None,
         device: str | torch.device | None = None,
@@ -72,15 +72,18 @@ class Translator:
         """The best translation of each sentence, in input order."""
         return [nbest[0].text for nbest in self.translate_nbest(sentences)]
 
-    def translate_nbest(self, sentences: list[str]) -> list[list[TextHypothesis]]:
+    def translate_nbest(
+        self, sentences: list[str], progress: Callable[[int], object] | None = None
+    ) -> list[list[TextHypothesis]]:
         """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
 
-        An empty sentence gets one empty hypothesis with score 0.
+        An empty sentence gets one empty hypothesis with score 0. `progress(n)` is called
+        as sentences are done (n at a time; the counts add up to `len(sentences)`).
         """
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not a string")
         src_ids = self.tokenizer.encode_src([s.strip() for s in sentences])
-        hypotheses = self.search_ids(src_ids)
+        hypotheses = self.search_ids(src_ids, progress)
         tokens = [hyp.tokens for nbest in hypotheses for hyp in nbest]
         texts = iter(self.tokenizer.decode_tgt(tokens) if tokens else [])
         return [
@@ -88,17 +91,27 @@ class Translator:
             for nbest in hypotheses
         ]
 
-    def search_ids(self, src_ids: list[list[int]]) -> list[list[Hypothesis]]:
-        """Search source id lists (no specials) in length-sorted batches; input order out."""
+    def search_ids(
+        self, src_ids: list[list[int]], progress: Callable[[int], object] | None = None
+    ) -> list[list[Hypothesis]]:
+        """Search source id lists (no specials) in length-sorted batches; input order out.
+
+        `progress(n)`, if given, is called with the number of empty sentences first, then
+        after each batch with its size.
+        """
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
         order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
         size = self.search_cfg.batch_size
+        if progress is not None and len(order) < len(src_ids):
+            progress(len(src_ids) - len(order))
         with self._eval_mode():
             for start in range(0, len(order), size):
                 chunk = order[start : start + size]
                 batch = [src_ids[i] for i in chunk]
                 for i, nbest in zip(chunk, self._search(batch), strict=True):
                     results[i] = nbest
+                if progress is not None:
+                    progress(len(chunk))
         return results
 
     def attention_for(self, sentence: str) -> SentenceAttention:

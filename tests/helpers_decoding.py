@@ -152,8 +152,8 @@ PAIRS = [
 ]
 
 
-def tiny_tokenizer(out_dir: Path) -> Tokenizer:
+def tiny_tokenizer(out_dir: Path, vocab_size: int = 90) -> Tokenizer:
     """A joint ~90-piece SentencePiece tokenizer trained on PAIRS (saved in `out_dir`)."""
     rows = {"src": [src for src, _ in PAIRS], "tgt": [tgt for _, tgt in PAIRS]}
-    cfg = TokenizerConfig(vocab_size=90, input_sentence_size=0)
+    cfg = TokenizerConfig(vocab_size=vocab_size, input_sentence_size=0)
     return train_or_load_tokenizer(datasets.Dataset.from_dict(rows), cfg, out_dir)

@@ -56,10 +56,11 @@ GARDEN_PATH = {
     (B,): {EOS: 0.9, A: 0.1},
 }
 
-# The empty translation has p = 0.4, [A, B] has p = 0.6 * 0.9 * 0.6 = 0.324: raw log-prob
-# prefers the empty one, any length normalisation prefers [A, B].
+# [B] has p = 0.4 * 0.85 = 0.34, [A, B] has p = 0.6 * 0.9 * 0.6 = 0.324: raw log-prob prefers
+# the short one, any length normalisation prefers [A, B].
 SHORT_OR_LONG = {
-    (): {EOS: 0.4, A: 0.6},
+    (): {A: 0.6, B: 0.4},
+    (B,): {EOS: 0.85, C: 0.1, A: 0.05},
     (A,): {B: 0.9, C: 0.1},
     (A, B): {EOS: 0.6, C: 0.4},
     (A, C): {EOS: 1.0},
@@ -82,23 +83,52 @@ def test_beam_finds_what_greedy_misses() -> None:
 
 @pytest.mark.parametrize(
     ("alpha", "lp_type", "winner"),
-    [(0.0, "fairseq", []), (1.0, "fairseq", [A, B]), (1.0, "gnmt", [A, B])],
+    [(0.0, "fairseq", [B]), (1.0, "fairseq", [A, B]), (1.0, "gnmt", [A, B])],
 )
 def test_length_penalty_changes_the_winner(alpha: float, lp_type: str, winner: list[int]) -> None:
     model = ScriptedModel(V, SHORT_OR_LONG)
     cfg = SearchConfig(beam_size=2, length_penalty=alpha, nbest=2, lp_type=lp_type)
     result = beam_search(model, source(A), SPECIAL, cfg)
     hyps = {tuple(h.tokens): h for h in result.hypotheses[0]}
-    assert set(hyps) == {(), (A, B)}
+    assert set(hyps) == {(B,), (A, B)}
     assert result.hypotheses[0][0].tokens == winner
     long_lp = math.log(0.6 * 0.9 * 0.6)  # three tokens, EOS included
     assert hyps[(A, B)].log_prob == pytest.approx(long_lp, abs=1e-5)
     assert hyps[(A, B)].score == pytest.approx(
         long_lp / length_penalty_divisor(3, alpha, lp_type), abs=1e-5
     )
-    assert hyps[()].score == pytest.approx(
-        math.log(0.4) / length_penalty_divisor(1, alpha, lp_type), abs=1e-5
+    assert hyps[(B,)].score == pytest.approx(
+        math.log(0.4 * 0.85) / length_penalty_divisor(2, alpha, lp_type), abs=1e-5
     )
+
+
+# A model that would rather say nothing: EOS first has p = 0.9.
+EOS_FIRST = {(): {EOS: 0.9, A: 0.06, B: 0.04}, (A,): {EOS: 0.7, C: 0.3}, (B,): {EOS: 0.99}}
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_eos_is_never_the_first_token(beam_size: int) -> None:
+    """Minimum length 1 (fairseq's min_len): EOS is masked at step 0, not renormalised away."""
+    model = ScriptedModel(V, EOS_FIRST)
+    search = greedy_search if beam_size == 1 else beam_search
+    cfg = SearchConfig(beam_size=beam_size, nbest=beam_size, length_penalty=0.0)
+    (nbest,) = search(model, source(A), SPECIAL, cfg).hypotheses
+    assert all(len(h.tokens) >= 1 for h in nbest)
+    assert nbest[0].tokens == [A]  # p = 0.06 * 0.7 = 0.042 beats [B]: 0.04 * 0.99
+    assert nbest[0].log_prob == pytest.approx(math.log(0.06 * 0.7), abs=1e-5)
+    if beam_size > 1:
+        assert [h.tokens for h in nbest[:2]] == [[A], [B]]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_a_zero_length_budget_still_ends_at_once(beam_size: int) -> None:
+    """The length limit wins over the minimum length: budget 0 forces EOS at step 0."""
+    model = ScriptedModel(V, EOS_FIRST)
+    search = greedy_search if beam_size == 1 else beam_search
+    cfg = SearchConfig(beam_size=beam_size, max_len_a=0.0, max_len_b=0)
+    (nbest,) = search(model, source(A), SPECIAL, cfg).hypotheses
+    assert nbest[0].tokens == []
+    assert nbest[0].log_prob == pytest.approx(math.log(0.9), abs=1e-5)
 
 
 def test_length_penalty_formulas() -> None:

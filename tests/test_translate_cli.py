@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import io
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import translate
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
 from decoding.checkpoint import model_payload, save_checkpoint
+from decoding.ensemble import Ensemble
 from decoding.plot import heatmap_image, heatmap_tensor
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
@@ -50,6 +55,24 @@ def model(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
 def checkpoint(tmp_path_factory: pytest.TempPathFactory, model, tokenizer) -> Path:  # noqa: ANN001
     path = tmp_path_factory.mktemp("run") / "checkpoints" / "best.pt"
     save_checkpoint(path, model_payload(model, tokenizer))
+    return path
+
+
+@pytest.fixture(scope="session")
+def model_b(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    """A second model for ensembles: same tokenizer, another size (wider, deeper decoder)."""
+    vocab = tokenizer.src_vocab_size
+    return tiny_model(
+        vocab_size=vocab, seed=5, d_model=48, d_ff=96, n_decoder_layers=3, **SEARCH_MODEL
+    )
+
+
+@pytest.fixture(scope="session")
+def checkpoint_b(
+    tmp_path_factory: pytest.TempPathFactory, model_b: torch.nn.Module, tokenizer: Tokenizer
+) -> Path:
+    path = tmp_path_factory.mktemp("run_b") / "b.pt"
+    save_checkpoint(path, model_payload(model_b, tokenizer))
     return path
 
 
@@ -212,6 +235,12 @@ def test_input_and_output_errors(
     assert status != 0
     assert_one_line_error(err, "does not exist", str(tmp_path / "no"))
 
+    with pytest.MonkeyPatch.context() as patch:  # tests may run as root: fake a read-only dir
+        patch.setattr(cli.os, "access", lambda path, mode: Path(path) != tmp_path)
+        status, _, err = call_main(capsys, "-c", ckpt, "--output", str(tmp_path / "hyp.en"), "a")
+    assert status != 0
+    assert_one_line_error(err, "not writable", str(tmp_path))
+
     status, _, err = call_main(capsys, "-c", ckpt, "--beam", "2", "--nbest", "3", "a")
     assert status != 0
     assert_one_line_error(err, "--nbest 3", "--beam")
@@ -314,3 +343,213 @@ def test_attention_for_and_heatmap_image(model, tokenizer) -> None:  # noqa: ANN
     assert grid.shape[0] == 3 and 0.0 <= grid.min() and grid.max() <= 1.0
     with pytest.raises(ValueError, match="empty"):
         translator.attention_for("   ")
+
+
+# ------------------------------------------------------------------------------- ensembles
+
+
+def test_ensemble_end_to_end(
+    checkpoint: Path,
+    checkpoint_b: Path,
+    model,  # noqa: ANN001
+    model_b,  # noqa: ANN001
+    tokenizer: Tokenizer,
+    tmp_path: Path,
+) -> None:
+    """`-c A -c B` (two sizes) translates as `Ensemble([A, B])`; the plot is the first one's."""
+    png = tmp_path / "attn.png"
+    args = ("-c", str(checkpoint.parents[1]), "-c", str(checkpoint_b), "--beam", "3")
+    result = run_cli(*args, "--plot-attention", str(png), *INPUTS)
+    assert result.returncode == 0, result.stderr.decode()
+    cfg = SearchConfig(beam_size=3)
+    expected = Translator(Ensemble([model, model_b]), tokenizer, cfg).translate(INPUTS)
+    assert result.stdout.decode().split("\n")[:-1] == expected
+    assert expected != Translator(model, tokenizer, cfg).translate(INPUTS)
+    assert expected[1] == "" and all(expected[i] for i in (0, 2, 3))
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_ensemble_of_two_copies_is_one(capsys: pytest.CaptureFixture, checkpoint: Path) -> None:
+    args = ("--beam", "3", "--nbest", "2", *INPUTS)
+    status, one, err = call_main(capsys, "-c", str(checkpoint), *args)
+    assert status == 0, err
+    status, two, err = call_main(capsys, "-c", str(checkpoint), "-c", str(checkpoint), *args)
+    assert status == 0, err
+    assert two == one
+
+
+def test_ensemble_needs_one_tokenizer(
+    checkpoint: Path,
+    tmp_path: Path,
+    tiny_model,  # noqa: ANN001
+) -> None:
+    other_tokenizer = tiny_tokenizer(tmp_path / "spm", vocab_size=80)
+    other_model = tiny_model(vocab_size=other_tokenizer.src_vocab_size, seed=1, **SEARCH_MODEL)
+    other = tmp_path / "other.pt"
+    save_checkpoint(other, model_payload(other_model, other_tokenizer))
+    result = run_cli("-c", str(checkpoint), "-c", str(other), "Ein Mann.")
+    assert result.returncode == 1 and result.stdout == b""
+    assert_one_line_error(result.stderr.decode(), "different tokenizer", str(other))
+
+
+# ------------------------------------------------------------------------------- streaming
+
+STREAM = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Park.", "Die Sonne scheint."]
+
+
+def test_pipe_gets_each_translation_before_the_next_line(
+    checkpoint: Path,
+    model,  # noqa: ANN001
+    tokenizer: Tokenizer,
+) -> None:
+    """Through a pipe, a line's translation comes back while stdin is still open."""
+    expected = Translator(model, tokenizer, SearchConfig(beam_size=2)).translate(STREAM)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "translate.py"), "-c", str(checkpoint), "--beam", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+    )
+    lines: queue.Queue[bytes] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True)
+    reader.start()
+    try:
+        for sentence, translation in zip(STREAM, expected, strict=True):
+            proc.stdin.write(f"{sentence}\n".encode())
+            proc.stdin.flush()
+            try:
+                got = lines.get(timeout=120)  # the next line is written only after this one
+            except queue.Empty:
+                pytest.fail(f"no translation of {sentence!r} in 120 s (status {proc.poll()})")
+            assert got.decode() == f"{translation}\n"
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+
+
+# 11 lines: empty and blank ones, at chunk edges (--buffer-size 3) and at the end.
+CHUNKED = [
+    "Ein Mann fährt Fahrrad.",
+    "",
+    "Zwei Hunde spielen im Park.",
+    "  ",
+    "Die Sonne scheint.",
+    "Es regnet in der Stadt.",
+    "",
+    "Ein Hund fängt einen Ball.",
+    "Der Zug fährt schnell.",
+    "Eine Frau lächelt.",
+    "",
+]
+
+
+def test_chunked_input_gives_the_same_output(
+    capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "in.de"
+    path.write_text("\n".join(CHUNKED) + "\n", encoding="utf-8")
+    args = ("-c", str(checkpoint), "--beam", "2", "--input", str(path))
+    status, whole, err = call_main(capsys, *args)
+    assert status == 0, err
+    lines = whole.split("\n")[:-1]
+    assert len(lines) == len(CHUNKED)
+    assert [bool(line) for line in lines] == [bool(s.strip()) for s in CHUNKED]
+    status, chunked, err = call_main(capsys, *args, "--buffer-size", "3")
+    assert status == 0, err
+    assert chunked == whole
+    status, nbest, err = call_main(capsys, *args, "--buffer-size", "3", "--nbest", "2")
+    assert status == 0, err
+    indices = [int(line.split(" ||| ")[0]) for line in nbest.splitlines()]
+    assert sorted(set(indices)) == list(range(len(CHUNKED))) and indices == sorted(indices)
+
+
+def test_progress_bar_on_a_terminal(
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    checkpoint: Path,
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "in.de"
+    path.write_text("\n".join(CHUNKED) + "\n", encoding="utf-8")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    args = ("-c", str(checkpoint), "--beam", "1", "--input", str(path), "--buffer-size", "4")
+    status, out, err = call_main(capsys, *args)
+    assert status == 0, err
+    assert len(out.split("\n")[:-1]) == len(CHUNKED)
+    assert f"{len(CHUNKED)}/{len(CHUNKED)}" in err and "sent/s" in err
+
+
+def test_output_is_atomic_when_the_input_fails_midway(
+    capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path
+) -> None:
+    """Invalid UTF-8 on line 5, after two chunks are written: the old --output stays."""
+    output = tmp_path / "hyp.en"
+    output.write_text("old\n", encoding="utf-8")
+    bad = tmp_path / "bad.de"
+    bad.write_bytes(b"Ein Hund.\n" * 4 + "Grüße\n".encode("latin-1"))
+    args = ("-c", str(checkpoint), "--input", str(bad), "--output", str(output))
+    status, out, err = call_main(capsys, *args, "--buffer-size", "2")
+    assert status != 0
+    assert_one_line_error(err, "bad.de", "line 5", "UTF-8")
+    assert output.read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.de", "hyp.en"]  # no temp file
+
+
+def test_output_is_atomic_when_ref_mismatch_shows_at_the_end(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """From a pipe, --ref's line count can only be checked after the last line."""
+    output = tmp_path / "hyp.en"
+    output.write_text("old\n", encoding="utf-8")
+    (tmp_path / "ref.en").write_text("one\ntwo\n", encoding="utf-8")
+    args = ("-c", str(checkpoint), "--output", str(output), "--ref", str(tmp_path / "ref.en"))
+    result = run_cli(*args, stdin="Ein Hund.\nZwei Hunde.\nDrei.\n")
+    assert result.returncode == 1
+    assert_one_line_error(result.stderr.decode(), "2 lines", "has 3")
+    assert output.read_text(encoding="utf-8") == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.en", "ref.en"]
+
+
+def test_ctrl_c_keeps_the_old_output(checkpoint: Path, tmp_path: Path) -> None:
+    """SIGINT while waiting for input: exit 130, old --output intact, temp file removed."""
+    output = tmp_path / "hyp.en"
+    output.write_text("old\n", encoding="utf-8")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "translate.py"),
+            "-c",
+            str(checkpoint),
+            "--output",
+            str(output),
+        ],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=ENV,
+        cwd=ROOT,
+    )
+    try:
+        proc.stdin.write(b"Ein Hund.\n")
+        proc.stdin.flush()
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".hyp.en.*.tmp")):  # translating into the temp file
+            assert proc.poll() is None and time.monotonic() < deadline, "no temp file appeared"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert "interrupted" in proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+        proc.stderr.close()
+    assert output.read_text(encoding="utf-8") == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["hyp.en"]
