@@ -44,7 +44,7 @@ import shutil
 import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -590,21 +590,31 @@ def _fp32_model(model: Transformer) -> Transformer:
     return copy.eval()
 
 
+def budgets(src_ids: list[list[int]], special: SpecialIds, cfg: SearchConfig) -> list[int]:
+    """Our output budget of each sentence (`decoding.search.max_lengths`); 0 for an empty
+    source, which our search never decodes."""
+    out = [0] * len(src_ids)
+    real = [i for i, ids in enumerate(src_ids) if ids]
+    if real:
+        src = encode_source_batch([src_ids[i] for i in real], special)  # (B, S)
+        limits = max_lengths(src, special, cfg.max_len_a, cfg.max_len_b).tolist()  # (B,)
+        for i, limit in zip(real, limits, strict=True):
+            out[i] = limit
+    return out
+
+
 def _by_budget(
     src_ids: list[list[int]],
     special: SpecialIds,
     cfg: SearchConfig,
     batch_size: int,
-    search: Any,
+    search: Callable[[list[list[int]], int], list[list[int]]],
 ) -> list[list[int]]:
-    """Run `search(batch, budget)` on sentences grouped by our output budget (equal budgets
-    share a call); results in input order, [] for an empty source."""
-    real = [i for i, ids in enumerate(src_ids) if ids]
+    """Run `search(batch, budget)` on the sentences grouped by our output budget (equal
+    budgets share a call); results in input order, [] for an empty source."""
     groups: dict[int, list[int]] = defaultdict(list)
-    if real:
-        src = encode_source_batch([src_ids[i] for i in real], special)  # (B, S)
-        budgets = max_lengths(src, special, cfg.max_len_a, cfg.max_len_b).tolist()  # (B,)
-        for i, budget in zip(real, budgets, strict=True):
+    for i, (ids, budget) in enumerate(zip(src_ids, budgets(src_ids, special, cfg), strict=True)):
+        if ids:
             groups[budget].append(i)
     results: list[list[int]] = [[] for _ in src_ids]
     for budget, members in sorted(groups.items()):

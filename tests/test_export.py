@@ -371,8 +371,9 @@ def separate_tokenizer(folder: Path) -> Tokenizer:
 # --------------------------------------------------------------------------- user mistakes
 
 
-def load_export_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("attnmt_export_script", EXPORT)
+def load_export_script(name: str = "export") -> ModuleType:
+    path = ROOT / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"attnmt_{name}_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -439,3 +440,22 @@ def test_failed_check_leaves_nothing(
     assert load_export_script().main(["ct2", "-c", str(trained.run), "-o", str(out)]) == 1
     assert "does not reproduce ours" in one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging copy
+
+
+@pytest.mark.slow
+def test_export_check_reports_agreement(
+    trained: Trained, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    needs("transformers")
+    needs("ctranslate2")
+    src = tmp_path / "src.de"
+    src.write_text("".join(f"{line}\n" for line in SENTENCES), encoding="utf-8")
+    script = load_export_script("export_check")
+    assert script.main(["-c", str(trained.run), "--src", str(src), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    n = len(SENTENCES)
+    for name in ("transformers", "ctranslate2 float32"):
+        assert f"identical to ours: {n}/{n} (100.00%)" in next(
+            line for line in out.splitlines() if line.startswith(name)
+        ), out
+    assert any(line.startswith("ctranslate2 int8") for line in out.splitlines()), out
