@@ -12,8 +12,9 @@ What is timed (each model gets the same random batch, the same precision, the sa
   Peers: `MarianMTModel` built from a `MarianConfig` of the same sizes (shared + tied
   embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
   `torch.nn.Transformer` inside the same embeddings/positions/tied output
-  (`scripts/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian also
-  our sinusoid table), so the three run the same numbers; Marian then computes exactly our
+  (`scripts/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
+  through `decoding.export.to_marian`, the model dimension permuted to fit its [sin | cos]
+  position table), so the three run the same numbers; Marian then computes exactly our
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
   random lengths, so EOS is forbidden for the first L steps and forced at step L+1 for both:
@@ -75,8 +76,9 @@ from bench_model import PeerModel, load_preset, preset_names  # noqa: E402
 
 from data.batching import Batch, collate  # noqa: E402
 from data.tokenizer import SpecialIds  # noqa: E402
+from decoding.export import to_marian  # noqa: E402
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search  # noqa: E402
-from model import ModelConfig, Transformer, sinusoid_table  # noqa: E402
+from model import ModelConfig, Transformer  # noqa: E402
 from training.loss import label_smoothed_cross_entropy  # noqa: E402
 
 SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
@@ -113,72 +115,6 @@ def transformers_version() -> str | None:
     return transformers.__version__
 
 
-def build_marian(cfg: ModelConfig, max_positions: int) -> nn.Module:
-    """`MarianMTModel` with our sizes, random weights (no download)."""
-    from transformers import MarianConfig, MarianMTModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    config = MarianConfig(
-        vocab_size=cfg.tgt_vocab_size,
-        d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers,
-        decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads,
-        decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff,
-        decoder_ffn_dim=cfg.d_ff,
-        dropout=cfg.dropout,
-        attention_dropout=cfg.attn_dropout,
-        activation_dropout=cfg.act_dropout,
-        activation_function="relu",
-        scale_embedding=True,  # x sqrt(d_model), as ours
-        max_position_embeddings=max_positions,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=SPECIAL.pad,
-        bos_token_id=SPECIAL.bos,
-        eos_token_id=SPECIAL.eos,
-        decoder_start_token_id=SPECIAL.bos,
-        forced_eos_token_id=SPECIAL.eos,
-        use_cache=True,
-    )
-    config._attn_implementation = "sdpa"  # the default where available; ours uses SDPA too
-    return MarianMTModel(config)
-
-
-@torch.no_grad()
-def copy_to_marian(ours: Transformer, marian: nn.Module) -> None:
-    """Give Marian our weights and our sinusoid table: it then computes our exact function."""
-    D = ours.cfg.d_model
-    m = marian.model
-    m.shared.weight.copy_(ours.src_embed.weight)  # shared by encoder, decoder and lm_head
-    for positions in (m.encoder.embed_positions, m.decoder.embed_positions):
-        positions.weight.copy_(sinusoid_table(positions.weight.size(0), D))
-    marian.final_logits_bias.zero_()
-
-    def attention(dst: nn.Module, src: nn.Module) -> None:
-        for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            getattr(dst, name).weight.copy_(src.in_proj.weight[i * D : (i + 1) * D])
-            getattr(dst, name).bias.copy_(src.in_proj.bias[i * D : (i + 1) * D])
-        dst.out_proj.load_state_dict(src.out_proj.state_dict())
-
-    def feed_forward_and_norms(dst: nn.Module, src: nn.Module, norm_names: list[str]) -> None:
-        dst.fc1.load_state_dict(src.feed_forward.linear1.state_dict())
-        dst.fc2.load_state_dict(src.feed_forward.linear2.state_dict())
-        for name, norm in zip(norm_names, src.norms, strict=True):
-            getattr(dst, name).load_state_dict(norm.state_dict())
-
-    for dst, src in zip(m.encoder.layers, ours.encoder.layers, strict=True):
-        attention(dst.self_attn, src.self_attn)
-        feed_forward_and_norms(dst, src, ["self_attn_layer_norm", "final_layer_norm"])
-    for dst, src in zip(m.decoder.layers, ours.decoder.layers, strict=True):
-        attention(dst.self_attn, src.self_attn)
-        attention(dst.encoder_attn, src.cross_attn)
-        norms = ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]
-        feed_forward_and_norms(dst, src, norms)
-
-
 @torch.no_grad()
 def copy_to_torch_peer(ours: Transformer, peer: PeerModel) -> None:
     """Our weights into `nn.Transformer` (same fused q|k|v layout); its final norms stay."""
@@ -210,9 +146,9 @@ def build_models(
     ours = Transformer(cfg)
     models: dict[str, nn.Module] = {OURS: ours}
     if MARIAN in peers:
-        marian = build_marian(cfg, max_positions)
-        copy_to_marian(ours, marian)
-        models[MARIAN] = marian
+        # Our weights under Marian's names, the model dimension permuted so that Marian's own
+        # [sin | cos] position table is ours (decoding/export.py): the same function.
+        models[MARIAN] = to_marian(ours, SPECIAL, max_positions, attn_implementation="sdpa")
     if TORCH in peers:
         peer = PeerModel(cfg)
         copy_to_torch_peer(ours, peer)
