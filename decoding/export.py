@@ -153,7 +153,8 @@ def marian_generation_config(special: SpecialIds, max_length: int = MAX_POSITION
     """`generate()` defaults that make a plain call our greedy search.
 
     Greedy, no sampling, pad and BOS never generated (`suppress_tokens`), EOS forced when
-    `max_length` (start token included) is reached, no repetition or length rules.
+    `max_length` (start token included) is reached, never first (`min_new_tokens=1`, ours'
+    minimum length), no repetition rules.
     """
     transformers = require("transformers")
     return transformers.GenerationConfig(
@@ -164,6 +165,7 @@ def marian_generation_config(special: SpecialIds, max_length: int = MAX_POSITION
         forced_eos_token_id=special.eos,
         suppress_tokens=[special.pad, special.bos],
         max_length=max_length,
+        min_new_tokens=1,  # EOS never first, as ours
         num_beams=1,
         do_sample=False,
     )
@@ -489,7 +491,7 @@ def ct2_options(tokenizer: Tokenizer, beam_size: int = 1) -> dict[str, Any]:
     special = tokenizer.special
     return {
         "beam_size": beam_size,  # CTranslate2's default is 2
-        "min_decoding_length": 0,  # EOS may come first (an empty translation), as ours
+        "min_decoding_length": 1,  # EOS never first, as ours (CTranslate2's default too)
         "max_input_length": 0,  # never truncate a source (default: 1024 tokens)
         "suppress_sequences": [
             tokenizer.tgt_pieces([special.pad]),

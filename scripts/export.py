@@ -242,7 +242,7 @@ def _usage_ct2() -> list[str]:
         'target = spm.SentencePieceProcessor(model_file="THIS_FOLDER/target.spm")',
         'tokens = source.encode(["A sentence."], out_type=str)',
         "results = translator.translate_batch(",
-        "    tokens, beam_size=1, min_decoding_length=0, max_input_length=0,",
+        "    tokens, beam_size=1, max_input_length=0,",
         '    suppress_sequences=[["<pad>"], ["<s>"]],',
         ")",
         "print([target.decode(r.hypotheses[0]) for r in results])",

@@ -37,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=0, help="first N sentences only (0: all)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: library default)")
+    parser.add_argument(
+        "--speed",
+        type=int,
+        default=0,
+        metavar="R",
+        help="also time ours and the CTranslate2 exports R times each, interleaved, at --beam, "
+        "each system in one call over all sentences (sentences/s: median, min-max)",
+    )
+    parser.add_argument("--beam", type=int, default=5, help="beam size of the --speed runs")
     return parser
 
 
@@ -112,7 +121,59 @@ def run(args: argparse.Namespace) -> list[str]:
             except UserError as e:
                 report.append(f"{name:<24} skipped: {e}")
                 print(report[-1], flush=True)
+        if args.speed:
+            report += speed(args, model, tokenizer, src_ids, Path(tmp), score)
     return report
+
+
+def speed(args, model, tokenizer, src_ids, folders: Path, score) -> list[str]:
+    """Sentences/s of ours and of each CTranslate2 export at `--beam`, R interleaved repeats.
+
+    Each system decodes all sentences in one call, batching as it does by default: ours
+    length-sorts into `--batch-size` batches with our per-sentence budgets; CTranslate2 gets
+    `max_batch_size=--batch-size` (it sorts by length too) and its own default budget of 256
+    tokens. BLEU is that of the last repeat's output."""
+    import statistics
+
+    from decoding import export
+    from decoding.config import SearchConfig
+
+    cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
+    systems = {"ours": lambda: export.our_search_ids(model, tokenizer, src_ids, cfg)}
+    ctranslate2 = export.require("ctranslate2")
+    target_ids = {p: i for i, p in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
+    pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
+    for quantization in ("float32", "int8"):
+        threads = {"intra_threads": args.threads} if args.threads else {}
+        translator = ctranslate2.Translator(str(folders / quantization), device="cpu", **threads)
+
+        def run_ct2(translator=translator) -> list[list[int]]:
+            results = translator.translate_batch(
+                pieces,
+                max_batch_size=args.batch_size,
+                length_penalty=cfg.length_penalty,
+                **export.ct2_options(tokenizer, cfg.beam_size),
+            )
+            return [[target_ids[p] for p in r.hypotheses[0]] for r in results]
+
+        systems[f"ctranslate2 {quantization}"] = run_ct2
+    seconds: dict[str, list[float]] = {name: [] for name in systems}
+    outputs: dict[str, list[list[int]]] = {}
+    for _ in range(args.speed):
+        for name, fn in systems.items():
+            start = time.perf_counter()
+            outputs[name] = fn()
+            seconds[name].append(time.perf_counter() - start)
+    n, ours = len(src_ids), statistics.median(seconds["ours"])
+    lines = [f"speed, beam {args.beam}, batch {args.batch_size}, {args.speed} interleaved repeats:"]
+    for name, times in seconds.items():
+        rates = sorted(n / t for t in times)
+        lines.append(
+            f"{name:<24} {statistics.median(rates):7.1f} sent/s ({rates[0]:.1f}-{rates[-1]:.1f})"
+            f"  x{ours / statistics.median(times):.2f} of ours{score(outputs[name])}"
+        )
+        print(lines[-1], flush=True)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=5, help="send the first N lines (5)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per line (120)")
     args, translate_args = parser.parse_known_args(argv)
-    with open(args.sentences, encoding="utf-8") as f:
-        sentences = [line.rstrip("\n") for _, line in zip(range(args.lines), f, strict=False)]
+    try:
+        with open(args.sentences, encoding="utf-8") as f:
+            sentences = [line.rstrip("\n") for _, line in zip(range(args.lines), f, strict=False)]
+    except (OSError, UnicodeDecodeError) as e:
+        parser.error(f"cannot read sentences from {args.sentences} ({e}); pass a text file first")
 
     command = [sys.executable, str(ROOT / "translate.py"), *translate_args]
     start = time.monotonic()

@@ -276,7 +276,6 @@ def test_ct2_export_gives_our_greedy_ids(trained: Trained, tmp_path: Path) -> No
     results = translator.translate_batch(
         source.encode(SENTENCES, out_type=str),
         beam_size=1,
-        min_decoding_length=0,
         max_input_length=0,
         suppress_sequences=[["<pad>"], ["<s>"]],
     )
