@@ -22,7 +22,7 @@ is a mapping of weights, and this module is the one place that knows it:
   decoder from a zero embedding.
 
 Our decoding rules travel too: for Transformers in `generation_config.json` (greedy, pad and
-BOS never generated, EOS forced at `max_length`); for CTranslate2 as `translate_batch`
+BOS never generated, EOS never first and forced at `max_length`); for CTranslate2 as `translate_batch`
 options (`ct2_options`), since its model folder has no place for them. Our output budget is
 per sentence, `int(max_len_a * src_len + max_len_b)` tokens, where `generate` and
 `translate_batch` take one limit per call: `hf_search_ids` and `ct2_search_ids` group
