@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are c
 
 PROG = "translate.py"
 PRECISIONS = ("fp32", "bf16", "fp16")
+QUANTIZE = ("none", "int8")
 
 # What the command line adds to a field's help (the output format is the CLI's business).
 _CLI_HELP = {
@@ -110,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="autocast dtype during search: bf16 runs on CPU and recent GPUs, fp16 on GPUs "
         "(and CPUs where torch supports it) (default: fp32)",
     )
+    add(
+        "--quantize",
+        choices=QUANTIZE,
+        default="none",
+        help="int8: dynamic int8 quantization of every linear layer (torch.ao), CPU only "
+        "(default: none)",
+    )
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
         "--output", metavar="FILE", help="write translations to FILE (atomically) instead of stdout"
@@ -186,6 +194,17 @@ def autocast(device: str, precision: str) -> AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype)
 
 
+def check_quantize(quantize: str, device: str, precision: str) -> None:
+    if quantize == "none":
+        return
+    if device != "cpu":
+        raise UserError(f"--quantize {quantize} runs on the CPU only; add --device cpu")
+    if precision != "fp32":
+        raise UserError(
+            f"--quantize {quantize} computes in int8/fp32; drop --precision {precision}"
+        )
+
+
 def format_output(nbest: list[list[TextHypothesis]], n: int) -> str:
     """Plain translations, or Moses-style n-best lines `i ||| translation ||| score`."""
     if n == 1:
@@ -211,12 +230,17 @@ def run(args: argparse.Namespace) -> None:
             "pass the reference file that matches the input line by line"
         )
     device = resolve_device(args.device)
+    check_quantize(args.quantize, device, args.precision)
     precision = autocast(device, args.precision)
 
     from decoding.checkpoint import load_for_inference
     from decoding.translator import Translator
 
     model, tokenizer, _ = load_for_inference(args.checkpoint, device)
+    if args.quantize == "int8":
+        from model.quantize import quantize_dynamic_int8
+
+        model = quantize_dynamic_int8(model, inplace=True)
     translator = Translator(model, tokenizer, cfg, device)
     with precision:
         nbest = translator.translate_nbest(sentences)

@@ -236,6 +236,9 @@ class MultiHeadAttention(nn.Module):
     `F.scaled_dot_product_attention` (flash / memory-efficient); when the weights are asked
     for, an explicit path computes them. Both paths give the same output.
 
+    `split_in_proj()` (for inference) replaces `in_proj` with two modules, `q_proj` (D -> D)
+    and `kv_proj` (D -> 2D), holding the same numbers: what a module swap such as dynamic int8
+    quantization needs, since the slices of a fused weight are no module of their own.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
@@ -243,8 +246,26 @@ class MultiHeadAttention(nn.Module):
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.in_proj: nn.Module | None = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj: nn.Module | None = None  # set by `split_in_proj`
+        self.kv_proj: nn.Module | None = None
+
+    @torch.no_grad()
+    def split_in_proj(self) -> None:
+        """Move `in_proj` into `q_proj` and `kv_proj` (copies of its slices); `in_proj` goes.
+
+        Self-attention then costs two matmuls instead of one: meant for cross-attention.
+        """
+        if self.in_proj is None:
+            return
+        D, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
+        self.q_proj, self.kv_proj = nn.Linear(D, D), nn.Linear(D, 2 * D)
+        self.q_proj.to(weight).weight.copy_(weight[:D])
+        self.q_proj.bias.copy_(bias[:D])
+        self.kv_proj.to(weight).weight.copy_(weight[D:])
+        self.kv_proj.bias.copy_(bias[D:])
+        self.in_proj = None
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -253,18 +274,25 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, D) -> q, k, v, each (B, H, T, Dh), with one matmul."""
+        if self.in_proj is None:  # split: two
+            return (self.project_q(x), *self.project_kv(x))
         q, k, v = self._split_heads(self.in_proj(x), 3)
         return q, k, v
 
     def project_q(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dh)."""
-        D = self.d_model
-        return self._split_heads(F.linear(x, self.in_proj.weight[:D], self.in_proj.bias[:D]), 1)[0]
+        if self.q_proj is not None:
+            return self._split_heads(self.q_proj(x), 1)[0]
+        D, proj = self.d_model, self.in_proj
+        return self._split_heads(F.linear(x, proj.weight[:D], proj.bias[:D]), 1)[0]
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) -> k, v, each (B, H, S, Dh)."""
-        D = self.d_model
-        k, v = self._split_heads(F.linear(x, self.in_proj.weight[D:], self.in_proj.bias[D:]), 2)
+        if self.kv_proj is not None:
+            k, v = self._split_heads(self.kv_proj(x), 2)
+            return k, v
+        D, proj = self.d_model, self.in_proj
+        k, v = self._split_heads(F.linear(x, proj.weight[D:], proj.bias[D:]), 2)
         return k, v
 
     def attend(
