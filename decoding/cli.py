@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are c
 
 PROG = "translate.py"
 PRECISIONS = ("fp32", "bf16", "fp16")
+QUANTIZE = ("none", "int8")
 
 # What the command line adds to a field's help (the output format is the CLI's business).
 _CLI_HELP = {
@@ -126,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="autocast dtype during search: bf16 runs on CPU and recent GPUs, fp16 on GPUs "
         "(and CPUs where torch supports it) (default: fp32)",
     )
+    add(
+        "--quantize",
+        choices=QUANTIZE,
+        default="none",
+        help="int8: dynamic int8 quantization of every linear layer (torch.ao), CPU only "
+        "(default: none)",
+    )
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
         "--buffer-size",
@@ -215,6 +223,17 @@ def autocast(device: str, precision: str) -> AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype)
 
 
+def check_quantize(quantize: str, device: str, precision: str) -> None:
+    if quantize == "none":
+        return
+    if device != "cpu":
+        raise UserError(f"--quantize {quantize} runs on the CPU only; add --device cpu")
+    if precision != "fp32":
+        raise UserError(
+            f"--quantize {quantize} computes in int8/fp32; drop --precision {precision}"
+        )
+
+
 def format_output(nbest: list[list[TextHypothesis]], n: int, start: int = 0) -> str:
     """Plain translations, or Moses-style n-best lines `i ||| translation ||| score` (`i`
     counts input lines from 0; the first of `nbest` is input line `start`)."""
@@ -254,12 +273,19 @@ def run(args: argparse.Namespace) -> None:
         if refs is not None and n_lines is not None:  # a file: fail before loading the model
             check_ref_count(args.ref, len(refs), n_lines)
         device = resolve_device(args.device)
+        check_quantize(args.quantize, device, args.precision)
         precision = autocast(device, args.precision)
 
         from decoding.ensemble import load_ensemble
         from decoding.translator import Translator
 
         model, tokenizer = load_ensemble(args.checkpoint, device)
+        if args.quantize == "int8":
+            from model.quantize import quantize_dynamic_int8
+
+            members = getattr(model, "members", [model])  # an Ensemble: each member
+            for member in members:
+                quantize_dynamic_int8(member, inplace=True)
         translator = Translator(model, tokenizer, cfg, device)
         output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
         with output as out, precision:

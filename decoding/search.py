@@ -53,8 +53,11 @@ class SpecialTokens(Protocol):
 class Seq2SeqModel(Protocol):
     """What search needs from a model (`model.Transformer` satisfies it).
 
-    `new_caches` returns `model.attention.KVCache`s (or subclasses): search keeps their rows in
-    step with the beams through `reorder` and the `self_k`/`self_v` fields.
+    `decode` gets one row of `memory` and `src_mask` per live sentence (B) and one row of
+    `tgt_ids` per live hypothesis: N = B * K, the K hypotheses of a sentence in consecutive
+    rows. `new_caches` returns caches with the methods of `model.attention.KVCache`: search
+    keeps them in step with its rows through `reorder(rows, sentences)` (sentences pruned or
+    the beam widened) and `reorder_beams(rows)` (beams re-ranked within their sentences).
     """
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor: ...
@@ -111,11 +114,12 @@ def max_lengths(
 
 
 class _Batch(NamedTuple):
-    """The decoder inputs of the live rows: one row per hypothesis."""
+    """The decoder inputs of the live sentences: one row per sentence (its hypotheses, the
+    rows of the caches, share it)."""
 
-    memory: Tensor  # (N, S, D)
-    src_mask: Tensor  # (N, S) bool, True = real token
-    max_len: Tensor  # (N,) output budget of each row's sentence
+    memory: Tensor  # (B, S, D)
+    src_mask: Tensor  # (B, S) bool, True = real token
+    max_len: Tensor  # (B,) output budget of each sentence
     caches: list
 
 
@@ -153,7 +157,10 @@ def _next_tokens(
     top_logits, tokens = logits.topk(n, dim=-1)  # (N, n)
     lprobs = top_logits - log_z  # (N, n)
     # Rows at their budget may only end (fairseq forces EOS at max_len): EOS first, then -inf.
-    at_limit = batch.max_len.le(step).unsqueeze(1)  # (N, 1)
+    at_limit = batch.max_len.le(step)  # (B,)
+    if at_limit.size(0) != last.size(0):  # K rows per sentence
+        at_limit = at_limit.repeat_interleave(last.size(0) // at_limit.size(0))
+    at_limit = at_limit.unsqueeze(1)  # (N, 1)
     first = torch.arange(n, device=last.device).eq(0)  # (n,)
     forced = eos_lprob.masked_fill(~first, float("-inf"))  # (N, n)
     lprobs = torch.where(at_limit, forced, lprobs)
@@ -161,28 +168,27 @@ def _next_tokens(
     return lprobs, tokens
 
 
-def _select_rows(batch: _Batch, rows: Tensor) -> _Batch:
-    """Keep rows `rows` (N',) of everything, cross-attention caches included."""
+def _select_rows(batch: _Batch, rows: Tensor, sentences: Tensor) -> _Batch:
+    """Keep hypothesis rows `rows` (N',) and sentences `sentences` (B',): prune finished
+    sentences, cross-attention caches included."""
     for cache in batch.caches:
-        cache.reorder(rows)
+        cache.reorder(rows, sentences)
     return _Batch(
-        batch.memory.index_select(0, rows),
-        batch.src_mask.index_select(0, rows),
-        batch.max_len.index_select(0, rows),
+        batch.memory.index_select(0, sentences),
+        batch.src_mask.index_select(0, sentences),
+        batch.max_len.index_select(0, sentences),
         batch.caches,
     )
 
 
 def _reorder_beams(caches: list, rows: Tensor) -> None:
-    """Re-rank beams inside their sentences: row i takes the history of row `rows[i]`.
+    """Re-rank (or widen) beams inside their sentences: row i takes the history of `rows[i]`.
 
-    Only self-attention K/V move: the cross-attention K/V (and memory, mask) are the same for
-    all beams of a sentence, so copying them would be wasted work.
+    Only self-attention K/V move: the cross-attention K/V (and memory, mask) are per sentence,
+    shared by its beams.
     """
     for cache in caches:
-        if cache.self_k is not None:
-            cache.self_k = cache.self_k.index_select(0, rows)  # (N, H, t, Dh)
-            cache.self_v = cache.self_v.index_select(0, rows)
+        cache.reorder_beams(rows)
 
 
 # ---------------------------------------------------------------------------- greedy search
@@ -230,7 +236,7 @@ def greedy_search(
         sent_ids = sent_ids[keep_cpu]
         if keep_cpu.numel() > 0:  # prune: finished sentences stop costing work
             keep = keep_cpu.to(device)
-            batch = _select_rows(batch, keep)
+            batch = _select_rows(batch, keep, keep)
             tokens, sums = tokens.index_select(0, keep), sums.index_select(0, keep)
     logger.debug("greedy search: %d sentences, %d steps", B, step)
     return SearchResult(results)
@@ -375,9 +381,9 @@ def _advance(
     tokens = cands.tokens.gather(1, picked)  # (B', K)
     scores = cands.scores.gather(1, picked).masked_fill(tokens.eq(eos), float("-inf"))
     rows = (keep.unsqueeze(1) * k + cands.beams.gather(1, picked)).view(-1)  # (B' * K,) old rows
-    if pruned or picked.size(1) != k:  # fewer sentences or a wider beam: move everything
-        batch = _select_rows(batch, rows)
-    elif k > 1:  # beams re-ranked inside their sentences (with one beam, rows never move)
+    if pruned:  # fewer sentences: their rows, memory and cross-attention caches go
+        batch = _select_rows(batch, rows, keep)
+    elif k > 1 or picked.size(1) != k:  # beams re-ranked or widened (one beam never moves)
         _reorder_beams(batch.caches, rows)
     new_tokens = torch.cat([beams.tokens.index_select(0, rows), tokens.view(-1, 1)], dim=1)
     n_finished, max_len = beams.n_finished, beams.max_len

@@ -6,20 +6,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from model import KVCache, Transformer
+from model import Transformer
 
 
-class PrefixCache(KVCache):
-    """Not a KV cache: the target prefix so far, kept where a `KVCache` keeps self-attention
-    keys, as `self_k` (N, 1, t, 1) (`self_v` the same), so that search moves it with the beams
+class PrefixCache:
+    """Not a KV cache: the target prefix so far, (N, t) ids, with the row moves of a
+    `model.KVCache` (`reorder`, `reorder_beams`), so that search moves it with the beams
     exactly as it moves real self-attention keys and values."""
+
+    def __init__(self) -> None:
+        self.prefix: Tensor | None = None  # (N, t)
 
     def append(self, tgt_ids: Tensor) -> Tensor:
         """Add the new tokens (N, T); return the whole prefix (N, t + T)."""
-        new = tgt_ids[:, None, :, None]  # (N, 1, T, 1)
-        self.self_k = new if self.self_k is None else torch.cat([self.self_k, new], dim=2)
-        self.self_v = self.self_k
-        return self.self_k[:, 0, :, 0]
+        self.prefix = tgt_ids if self.prefix is None else torch.cat([self.prefix, tgt_ids], 1)
+        return self.prefix
+
+    def reorder_beams(self, rows: Tensor) -> None:
+        if self.prefix is not None:
+            self.prefix = self.prefix.index_select(0, rows)
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        self.reorder_beams(rows)
 
 
 class UncachedModel(nn.Module):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -102,11 +101,8 @@ class DecoderLayer(_ResidualLayer):
         self, h: Tensor, cache: KVCache | None, need_weights: bool
     ) -> AttentionOutput:
         q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, Dh) each
-        if cache is not None:
-            if cache.self_k is not None:  # append this step to the past: (B, H, t + T, Dh)
-                k = torch.cat([cache.self_k, k], dim=2)
-                v = torch.cat([cache.self_v, v], dim=2)
-            cache.self_k, cache.self_v = k, v
+        if cache is not None:  # written after the past, in place: (B, H, t + T, Dh)
+            k, v = cache.append(k, v)
         n_queries, n_keys = q.size(2), k.size(2)
         if n_queries == 1:  # one new token may see every cached position: no mask needed
             return self.self_attn.attend(q, k, v, need_weights=need_weights)
@@ -118,11 +114,27 @@ class DecoderLayer(_ResidualLayer):
     def _cross_attention(
         self, h: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache | None, need_weights: bool
     ) -> AttentionOutput:
-        q = self.cross_attn.project_q(h)  # (B, H, T, Dh)
+        """h (N, T, D) with N = B * K: K consecutive rows (beams) per sentence of `memory`
+        (B, S, D) and `src_mask` (B, 1, 1, S). The K rows' T queries attend together, as K * T
+        queries of their sentence, to its one set of keys and values."""
         if cache is not None and cache.cross_k is not None:
             k, v = cache.cross_k, cache.cross_v  # computed once per sentence
         else:
             k, v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
             if cache is not None:
                 cache.cross_k, cache.cross_v = k, v
-        return self.cross_attn.attend(q, k, v, mask=src_mask, need_weights=need_weights)
+        N, T, D = h.shape
+        B = k.size(0)
+        if N != B:
+            if N % B:
+                raise ValueError(f"{N} decoder rows do not split evenly over {B} sentences")
+            h = h.reshape(B, N // B * T, D)  # (B, K * T, D): queries are independent
+        q = self.cross_attn.project_q(h)  # (B, H, K * T, Dh)
+        out = self.cross_attn.attend(q, k, v, mask=src_mask, need_weights=need_weights)
+        if N == B:
+            return out
+        weights = out.weights
+        if weights is not None:  # (B, H, K * T, S) -> (N, H, T, S)
+            H, S = weights.size(1), weights.size(-1)
+            weights = weights.view(B, H, N // B, T, S).transpose(1, 2).reshape(N, H, T, S)
+        return AttentionOutput(out.output.view(N, T, D), weights)

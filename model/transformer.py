@@ -58,7 +58,7 @@ class Decoder(nn.Module):
 
     def forward(
         self,
-        x: Tensor,  # (B, T, D)
+        x: Tensor,  # (N, T, D), N = B or B * K (see `Transformer.decode`)
         memory: Tensor,  # (B, S, D)
         src_mask: Tensor,  # (B, 1, 1, S)
         caches: list[KVCache] | None = None,
@@ -134,16 +134,18 @@ class Transformer(nn.Module):
 
     def decode(
         self,
-        tgt_ids: Tensor,  # (B, T) the target tokens at positions offset .. offset+T-1
+        tgt_ids: Tensor,  # (N, T) the target tokens at positions offset .. offset+T-1
         memory: Tensor,  # (B, S, D)
         src_mask: Tensor,  # (B, S) bool
         caches: list[KVCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
-        """Logits (B, T, V) for the next token after each of `tgt_ids`.
+        """Logits (N, T, V) for the next token after each of `tgt_ids`.
 
         Without `caches` this is the full teacher-forced pass (offset 0). With `caches`, pass
         only the new tokens and the number already decoded as `offset`; the caches are updated.
+        N is B (one target row per sentence) or B * K: K consecutive rows per sentence (beam
+        search's hypotheses), which share their sentence's memory row without copies of it.
         """
         x = self.positional(self.tgt_embed(tgt_ids) * self.embed_scale, offset)  # (B, T, D)
         hidden = self.decoder(x, memory, src_mask[:, None, None, :], caches).hidden

@@ -72,7 +72,8 @@ class ScriptedModel:
         self.rows_per_step.append(tgt_ids.size(0))
         self.offsets.append(offset)
         prefixes = caches[0].append(tgt_ids)  # (N, t + 1), starts with bos
-        sentences = memory[:, 0, 0].long().tolist()  # (N,)
+        rows_per_sentence = tgt_ids.size(0) // memory.size(0)  # memory: one row per sentence
+        sentences = memory[:, 0, 0].long().repeat_interleave(rows_per_sentence).tolist()  # (N,)
         rows = [
             self._log_probs(sent, tuple(prefix[1:]))
             for sent, prefix in zip(sentences, prefixes.tolist(), strict=True)

@@ -1,0 +1,102 @@
+"""The decoding fast paths: the preallocated self-attention cache (written in place, grown,
+reordered through a spare buffer) and cross-attention keys/values shared by a sentence's beams.
+
+Legend: B sentences, K beams, N = B * K rows, S src len, T tgt len, H heads, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model import KVCache, padding_mask
+
+PAD = 0
+VOCAB = 40
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def random_ids(*shape: int) -> torch.Tensor:
+    return torch.randint(1, VOCAB, shape)  # never the pad id
+
+
+def padded_source() -> torch.Tensor:
+    src = random_ids(3, 7)
+    src[1, 4:] = PAD
+    src[2, 2:] = PAD
+    return src
+
+
+def test_cache_grows_past_its_capacity_and_keeps_the_past() -> None:
+    cache = KVCache(capacity=2)
+    ks, vs = [], []
+    for _ in range(7):  # 2 -> 4 -> 8 positions
+        k, v = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+        ks.append(k)
+        vs.append(v)
+        all_k, all_v = cache.append(k, v)
+        assert all_k.shape == (3, 2, len(ks), 4)
+    torch.testing.assert_close(cache.self_k, torch.cat(ks, dim=2), atol=0.0, rtol=0.0)
+    torch.testing.assert_close(cache.self_v, torch.cat(vs, dim=2), atol=0.0, rtol=0.0)
+    assert cache.length == 7 and cache._k is not None and cache._k.size(2) == 8
+
+
+def test_reorders_in_a_row_move_exactly_the_filled_positions() -> None:
+    """Reorders alternate between two buffers: each must see the previous one's result."""
+    cache = KVCache(capacity=3)
+    reference_k = torch.empty(4, 2, 0, 5)
+    reference_v = torch.empty(4, 2, 0, 5)
+    for _ in range(6):  # grows at step 3, reorders every step
+        k, v = torch.randn(4, 2, 1, 5), torch.randn(4, 2, 1, 5)
+        cache.append(k, v)
+        reference_k = torch.cat([reference_k, k], dim=2)
+        reference_v = torch.cat([reference_v, v], dim=2)
+        rows = torch.randint(0, 4, (4,))
+        cache.reorder_beams(rows)
+        reference_k, reference_v = reference_k[rows], reference_v[rows]
+        torch.testing.assert_close(cache.self_k, reference_k, atol=0.0, rtol=0.0)
+        torch.testing.assert_close(cache.self_v, reference_v, atol=0.0, rtol=0.0)
+    # fewer rows (a sentence pruned), then a wider set again: new buffers, same contents
+    for rows in (torch.tensor([3, 1]), torch.tensor([1, 1, 0, 0, 1, 0])):
+        cache.reorder_beams(rows)
+        reference_k = reference_k[rows]
+        torch.testing.assert_close(cache.self_k, reference_k, atol=0.0, rtol=0.0)
+        cache.append(torch.zeros(len(rows), 2, 1, 5), torch.zeros(len(rows), 2, 1, 5))
+        reference_k = torch.cat([reference_k, torch.zeros(len(rows), 2, 1, 5)], dim=2)
+
+
+def test_reorder_beams_moves_self_attention_only_and_reorder_moves_sentences() -> None:
+    self_k, cross_k = torch.randn(4, 2, 3, 5), torch.randn(2, 2, 6, 5)
+    cache = KVCache(self_k, self_k.clone(), cross_k, cross_k.clone())
+    cache.reorder_beams(torch.tensor([1, 1, 3, 2]))  # beams re-ranked within 2 sentences
+    torch.testing.assert_close(cache.self_k, self_k[[1, 1, 3, 2]], atol=0.0, rtol=0.0)
+    assert cache.cross_k is cross_k  # shared by the beams, untouched
+    cache.reorder(torch.tensor([2, 3]), sentences=torch.tensor([1]))  # sentence 0 pruned
+    torch.testing.assert_close(cache.self_k, self_k[[3, 2]], atol=0.0, rtol=0.0)
+    torch.testing.assert_close(cache.cross_k, cross_k[[1]], atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_beams_sharing_cross_kv_equal_replicated_memory(norm_first: bool, tiny_model) -> None:
+    """K rows per sentence against its one memory row == the memory copied K times."""
+    model = tiny_model(norm_first=norm_first)
+    src, K = padded_source(), 3
+    src_mask = padding_mask(src, PAD)
+    tgt = random_ids(3 * K, 6)  # (N, T): rows 3b .. 3b + 2 belong to sentence b
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)  # (B, S, D)
+        copied, copied_mask = memory.repeat_interleave(K, 0), src_mask.repeat_interleave(K, 0)
+        full = model.decode(tgt, copied, copied_mask)  # (N, T, V), one memory row per row
+        shared_full = model.decode(tgt, memory, src_mask)  # teacher-forced, shared
+        torch.testing.assert_close(shared_full, full, atol=1e-5, rtol=0.0)
+        caches = model.new_caches()
+        for i in range(tgt.size(1)):
+            step = model.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
+        assert caches[0].cross_k.size(0) == 3 and caches[0].self_k.size(0) == 3 * K
+        with pytest.raises(ValueError, match="split evenly"):
+            model.decode(tgt[:4, :1], memory, src_mask)
