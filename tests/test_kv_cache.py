@@ -10,25 +10,12 @@ import pytest
 import torch
 
 from model import KVCache, padding_mask
-
-PAD = 0
-VOCAB = 40
+from tests.test_transformer import PAD, padded_source, random_ids
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
-
-
-def random_ids(*shape: int) -> torch.Tensor:
-    return torch.randint(1, VOCAB, shape)  # never the pad id
-
-
-def padded_source() -> torch.Tensor:
-    src = random_ids(3, 7)
-    src[1, 4:] = PAD
-    src[2, 2:] = PAD
-    return src
 
 
 def test_cache_grows_past_its_capacity_and_keeps_the_past() -> None:
