@@ -63,21 +63,16 @@ def read_lines(path: str | Path | None, label: str = "input") -> list[str]:
     Raises:
         UserError: the file is missing, unreadable or not UTF-8 (the message names the line).
     """
+    if path is None:
+        return list(iter_lines(sys.stdin.buffer, "standard input"))
     try:
-        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+        stream = open(path, "rb")  # noqa: SIM115 (closed below)
     except FileNotFoundError:
         raise UserError(f"{label} file not found: {path}; check the path") from None
     except OSError as e:
         raise UserError(f"cannot read {label} file {path} ({e.strerror}); check the path") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise _not_utf8("standard input" if path is None else path, line, e) from None
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    with stream:
+        return list(iter_lines(stream, path))
 
 
 def decode_line(raw: bytes, number: int, name: str | Path) -> str:
