@@ -17,25 +17,14 @@ from __future__ import annotations
 import logging
 import sys
 
-from common.errors import UserError
+from common.errors import exit_status
 from decoding.cli import PROG, build_parser, run
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
-    try:
-        run(args)
-    except UserError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # e.g. `| head`: the reader left; not an error worth a traceback
-        sys.stderr.close()
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return exit_status(PROG, lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -500,6 +500,34 @@ def ct2_options(tokenizer: Tokenizer, beam_size: int = 1) -> dict[str, Any]:
     }
 
 
+def ct2_translate(
+    translator: Any,
+    tokenizer: Tokenizer,
+    src_ids: list[list[int]],
+    cfg: SearchConfig,
+    batch_size: int = 64,
+    max_decoding_length: int = 256,
+    target_ids: dict[str, int] | None = None,
+) -> list[list[int]]:
+    """One `translate_batch` call of a `ctranslate2.Translator` on our source ids (no
+    specials), searching as ours does (`ct2_options`): the best target ids of each, without
+    BOS/EOS. `target_ids` (piece -> id, `ct2_target_ids`) may be passed to build it once."""
+    target_ids = target_ids or ct2_target_ids(tokenizer)
+    results = translator.translate_batch(
+        [tokenizer.src_pieces(ids) for ids in src_ids],
+        max_decoding_length=max_decoding_length,
+        length_penalty=cfg.length_penalty,
+        max_batch_size=batch_size,
+        **ct2_options(tokenizer, cfg.beam_size),
+    )
+    return [[target_ids[piece] for piece in r.hypotheses[0]] for r in results]
+
+
+def ct2_target_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    """Target piece -> our id (CTranslate2 answers in pieces)."""
+    return {p: i for i, p in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
+
+
 def ct2_search_ids(
     translator: Any,
     tokenizer: Tokenizer,
@@ -511,20 +539,10 @@ def ct2_search_ids(
     per-sentence budgets: target ids without BOS/EOS, in input order; an empty source gives
     []. Greedy (beam 1) gives our ids exactly with fp32 weights; beam search follows
     CTranslate2's own rules (length normalisation, stopping), which are not fairseq's."""
-    target_ids = {
-        piece: i for i, piece in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))
-    }
-    options = ct2_options(tokenizer, cfg.beam_size)
+    target_ids = ct2_target_ids(tokenizer)
 
     def translate(batch: list[list[int]], budget: int) -> list[list[int]]:
-        results = translator.translate_batch(
-            [tokenizer.src_pieces(ids) for ids in batch],
-            max_decoding_length=budget,
-            length_penalty=cfg.length_penalty,
-            max_batch_size=batch_size,
-            **options,
-        )
-        return [[target_ids[piece] for piece in r.hypotheses[0]] for r in results]
+        return ct2_translate(translator, tokenizer, batch, cfg, batch_size, budget, target_ids)
 
     return _by_budget(src_ids, tokenizer.special, cfg, batch_size, translate)
 

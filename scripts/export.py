@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from common.errors import UserError  # noqa: E402
+from common.errors import exit_status  # noqa: E402
 
 PROG = "export.py"
 REPO = "attnmt"
@@ -256,15 +256,7 @@ def _usage_ct2() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        print(run(args))
-    except UserError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    return 0
+    return exit_status(PROG, lambda: print(run(args)))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
 
-from common.errors import UserError  # noqa: E402
+from common.errors import UserError, exit_status  # noqa: E402
 
 PROG = "export_check.py"
 
@@ -141,22 +141,13 @@ def speed(args, model, tokenizer, src_ids, folders: Path, score) -> list[str]:
     cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
     systems = {"ours": lambda: export.our_search_ids(model, tokenizer, src_ids, cfg)}
     ctranslate2 = export.require("ctranslate2")
-    target_ids = {p: i for i, p in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))}
-    pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
+    target_ids = export.ct2_target_ids(tokenizer)
     for quantization in ("float32", "int8"):
         threads = {"intra_threads": args.threads} if args.threads else {}
         translator = ctranslate2.Translator(str(folders / quantization), device="cpu", **threads)
-
-        def run_ct2(translator=translator) -> list[list[int]]:
-            results = translator.translate_batch(
-                pieces,
-                max_batch_size=args.batch_size,
-                length_penalty=cfg.length_penalty,
-                **export.ct2_options(tokenizer, cfg.beam_size),
-            )
-            return [[target_ids[p] for p in r.hypotheses[0]] for r in results]
-
-        systems[f"ctranslate2 {quantization}"] = run_ct2
+        systems[f"ctranslate2 {quantization}"] = lambda translator=translator: export.ct2_translate(
+            translator, tokenizer, src_ids, cfg, args.batch_size, target_ids=target_ids
+        )
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
     for _ in range(args.speed):
@@ -178,12 +169,7 @@ def speed(args, model, tokenizer, src_ids, folders: Path, score) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except UserError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(PROG, lambda: run(args))
 
 
 if __name__ == "__main__":
