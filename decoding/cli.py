@@ -279,13 +279,7 @@ def run(args: argparse.Namespace) -> None:
         from decoding.ensemble import load_ensemble
         from decoding.translator import Translator
 
-        model, tokenizer = load_ensemble(args.checkpoint, device)
-        if args.quantize == "int8":
-            from model.quantize import quantize_dynamic_int8
-
-            members = getattr(model, "members", [model])  # an Ensemble: each member
-            for member in members:
-                quantize_dynamic_int8(member, inplace=True)
+        model, tokenizer = load_ensemble(args.checkpoint, device, args.quantize)
         translator = Translator(model, tokenizer, cfg, device)
         output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
         with output as out, precision:

@@ -95,10 +95,11 @@ class Ensemble(nn.Module):
 
 
 def load_ensemble(
-    paths: Sequence[str | Path], device: str | torch.device = "cpu"
+    paths: Sequence[str | Path], device: str | torch.device = "cpu", quantize: str = "none"
 ) -> tuple[nn.Module, Tokenizer]:
     """Checkpoints or run dirs -> (the model, or an `Ensemble` of several, on `device`;
-    their tokenizer).
+    their tokenizer). `quantize="int8"` gives each model int8 linear layers
+    (`model.quantize.quantize_dynamic_int8`, CPU only).
 
     Raises:
         CheckpointError: a checkpoint is unusable, or its tokenizer (SentencePiece models or
@@ -117,6 +118,10 @@ def load_ensemble(
                 "(SentencePiece model or special ids differ); ensemble only checkpoints that "
                 "share one tokenizer (the same spm.model)"
             )
+        if quantize == "int8":
+            from model.quantize import quantize_dynamic_int8
+
+            quantize_dynamic_int8(model, inplace=True)
         models.append(model)
     assert tokenizer is not None
     return (models[0] if len(models) == 1 else Ensemble(models)), tokenizer
