@@ -305,7 +305,11 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> AttentionOutput:
         dropout_p = self.dropout if self.training else 0.0
-        if is_causal and (need_weights or mask is not None or q.size(2) != k.size(2)):
+        # bf16/fp16 on CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
+        # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 3-6x
+        # faster than either at Multi30k's lengths (scripts/bench_attention.py).
+        explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
+        if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
             # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.
             causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
             mask = causal if mask is None else mask & causal
@@ -318,10 +322,11 @@ class MultiHeadAttention(nn.Module):
                 scores = scores.masked_fill(~mask, float("-inf"))
             weights = None
             context = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, H, T, Dh)
-        elif need_weights:
+        elif explicit:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
             weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
             context = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)
+            weights = weights if need_weights else None
         else:
             weights = None
             context = F.scaled_dot_product_attention(

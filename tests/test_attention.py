@@ -298,6 +298,23 @@ def test_mha_matches_float64_reference(case: str) -> None:
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_mha_bf16_autocast_on_cpu_matches_float64_reference(case: str) -> None:
+    """Under bf16 autocast on the CPU, attention takes the explicit path (bf16 matmuls, fp32
+    softmax) in training too: same function, bf16 accuracy, and it returns no weights unless
+    asked. Relative error ||out - ref|| / ||ref|| of bf16 operands: well under 2e-2."""
+    mha = make_mha().train()  # training mode: the path the trainer runs (attn dropout is 0)
+    x, key_value, key_mask, mask, causal = mha_inputs(case)
+    expected = mha_reference(mha, x, x if key_value is None else key_value, key_mask, causal)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mha(x, key_value, mask=mask, is_causal=causal)
+    assert out.weights is None and out.output.dtype == torch.bfloat16
+    error = (out.output.double() - expected).norm() / expected.norm()
+    assert error < 2e-2, error
+    out.output.float().sum().backward()  # and it trains
+    assert torch.isfinite(mha.in_proj.weight.grad).all()
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_mha_weights_rows_sum_to_one_and_masked_keys_get_zero(case: str) -> None:
     mha = make_mha()
     x, key_value, key_mask, mask, causal = mha_inputs(case)

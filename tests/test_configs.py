@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
@@ -74,6 +75,29 @@ def test_unknown_key_in_yaml_fails_with_its_name():
 def test_unknown_override_fails_at_compose():
     with pytest.raises(Exception, match="max_stepz"):
         _compose("trainer.max_stepz=3")
+
+
+def test_precision_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatch):
+    from training import build
+
+    cpu = torch.device("cpu")
+    assert Configs.from_hydra(_compose("trainer.precision=auto")).trainer.precision == "auto"
+    for avx512_bf16, amx, expected in (
+        (True, False, "bf16"),
+        (False, True, "bf16"),
+        (False, False, "fp32"),
+    ):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert build.resolve_precision("auto", cpu) == expected
+        assert build.resolve_precision("fp32", cpu) == "fp32"  # only `auto` is resolved
+    assert build.resolve_precision("auto", torch.device("meta")) == "fp32"
+
+
+def test_default_experiment_uses_auto_precision_and_beam_search():
+    configs = Configs.from_hydra(_compose())
+    assert configs.trainer.precision == "auto"
+    assert configs.decoding.beam_size == 5
 
 
 def test_bad_choice_fails():

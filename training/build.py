@@ -191,6 +191,24 @@ def learning_rate(step: int, optim: OptimConfig, d_model: int) -> float:
     return inverse_sqrt_warmup(step, optim.lr, optim.warmup_steps)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` does bf16 arithmetic in hardware: a CUDA GPU that supports it
+    (Ampere and later), or a CPU with AVX512-BF16 or AMX (what oneDNN's bf16 matmuls use)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+    return False
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` -> bf16 where the device has native bf16 (`native_bf16`), else fp32."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """Loss scaling for fp16 (a no-op object otherwise)."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

@@ -101,7 +101,7 @@ class Configs:
 
     def validate(self) -> None:
         trainer, optim = self.trainer, self.optim
-        _choice("trainer.precision", trainer.precision, ("fp32", "bf16", "fp16"))
+        _choice("trainer.precision", trainer.precision, ("auto", "fp32", "bf16", "fp16"))
         _choice("optim.name", optim.name, ("adam", "adamw"))
         _choice("optim.schedule", optim.schedule, ("inverse_sqrt", "noam"))
         for key, value in (

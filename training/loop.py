@@ -62,6 +62,9 @@ def fit(cfg: DictConfig, run_dir: str | Path) -> Outcome:
     lock = RunDirLock(run_dir) if distributed.is_main_process() else None
     try:
         ctx = distributed.setup(trainer.device, trainer.dist_timeout, trainer.tf32)
+        if trainer.precision == "auto":
+            trainer.precision = build.resolve_precision("auto", ctx.device)
+            log.info("trainer.precision=auto: %s on %s", trainer.precision, ctx.device.type)
         distributed.check_shared_run_dir(run_dir, ctx)
         outcome = train(configs, run_dir, ctx)
     except BaseException:
