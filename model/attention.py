@@ -306,7 +306,7 @@ class MultiHeadAttention(nn.Module):
     ) -> AttentionOutput:
         dropout_p = self.dropout if self.training else 0.0
         # bf16/fp16 on CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
-        # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 3-6x
+        # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
         # faster than either at Multi30k's lengths (scripts/bench_attention.py).
         explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
         if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
