@@ -308,3 +308,11 @@ def test_documented_debug_command_runs(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "test test: BLEU" in proc.stdout
+
+
+def test_precision_auto_through_the_command_line(tmp_path):
+    """`train.py trainer.precision=auto` trains in what this CPU does natively and says so."""
+    proc = run_train(tmp_path / "run", "trainer.precision=auto", "trainer.max_steps=4")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = "bf16" if build.native_bf16(torch.device("cpu")) else "fp32"
+    assert f"trainer.precision=auto: {expected} on cpu" in proc.stdout + proc.stderr
