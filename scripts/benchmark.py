@@ -732,6 +732,15 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         return corpus_bleu(tokenizer.decode_tgt(ids), refs).score
 
     table, results = peers.table(cells, ATTNMT, bleu if refs is not None else None)
+    if ATTNMT_INT8 in systems and CT2_INT8 in systems:  # int8 against int8
+        for beam in args.beams:
+            ratio = peers.ratio_spread(
+                cells[(ATTNMT_INT8, beam)].times_s, cells[(CT2_INT8, beam)].times_s
+            )
+            table.append(
+                f"  {ATTNMT_INT8} / {CT2_INT8}, {peers.search_name(beam)}: "
+                f"{ratio.format('.2f', 'x')}"
+            )
     print("\n" + "\n".join(table))
     report = {
         "meta": {
