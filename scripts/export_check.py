@@ -143,6 +143,7 @@ def speed(args, model, tokenizer, src_ids, folders: Path, score) -> list[str]:
         )
     cells = peers.compare(systems, src_ids, [cfg], args.speed)
     lines = [f"speed, beam {args.beam}, batch {args.batch_size}, {args.speed} interleaved repeats:"]
+    print(lines[0], flush=True)
     for name in systems:
         cell = cells[(name, args.beam)]
         ratio = peers.ratio_spread(cells[("ours", args.beam)].times_s, cell.times_s)

@@ -295,3 +295,21 @@ def test_synthetic_decoding_with_ctranslate2_forced_lengths() -> None:
         assert set(d["ratio_ranges"]) == {"ours/CTranslate2 fp32", "ours/CTranslate2 int8"}
         assert all(r["sentences_per_s"] > 0 for r in d["results"].values())
     assert report["decode"][0]["same_outputs_as_ctranslate2_fp32"] == 1.0  # greedy, same weights
+
+
+def test_export_check_speed_uses_the_shared_timing(
+    trained_run: tuple[Path, Path, Path], capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    export_check = load_script("export_check")
+    run, src, ref = trained_run
+    with single_thread():
+        status = export_check.main([
+            "-c", str(run), "--src", str(src), "--ref", str(ref), "--speed", "2", "--beam", "2",
+            "--threads", "1", "--batch-size", "8",
+        ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    speed = out[out.index("speed, beam 2") :].splitlines()
+    assert [line.split()[0] for line in speed[1:4]] == ["ours", "ctranslate2", "ctranslate2"]
+    assert all("sent/s" in line and "ours/it" in line and "BLEU" in line for line in speed[1:4])
