@@ -367,17 +367,26 @@ def hf_search_ids(
     target ids without BOS/EOS, in input order; an empty source gives []."""
 
     def generate(batch: list[list[int]], budget: int) -> list[list[int]]:
-        src = encode_source_batch(batch, special).to(marian.device)  # (B, S)
-        beam = {"num_beams": cfg.beam_size, "length_penalty": cfg.length_penalty}
-        out = marian.generate(
-            input_ids=src,
-            attention_mask=src.ne(special.pad),
-            max_new_tokens=budget + 1,  # budget tokens, then EOS (forced_eos_token_id)
-            **(beam if cfg.beam_size > 1 else {}),
-        )  # (B, 1 + T): the start token first
-        return [_strip(row[1:], special) for row in out.tolist()]
+        return hf_generate(marian, special, batch, cfg, budget)
 
     return _by_budget(src_ids, special, cfg, batch_size, generate)
+
+
+@torch.no_grad()
+def hf_generate(
+    marian: Any, special: SpecialIds, src_ids: list[list[int]], cfg: SearchConfig, budget: int
+) -> list[list[int]]:
+    """One `marian.generate` call on a batch of our source ids (no specials, none empty),
+    at most `budget` tokens each: target ids without BOS/EOS."""
+    src = encode_source_batch(src_ids, special).to(marian.device)  # (B, S)
+    beam = {"num_beams": cfg.beam_size, "length_penalty": cfg.length_penalty}
+    out = marian.generate(
+        input_ids=src,
+        attention_mask=src.ne(special.pad),
+        max_new_tokens=budget + 1,  # budget tokens, then EOS (forced_eos_token_id)
+        **(beam if cfg.beam_size > 1 else {}),
+    )  # (B, 1 + T): the start token first
+    return [_strip(row[1:], special) for row in out.tolist()]
 
 
 # ------------------------------------------------------------------------------- CTranslate2
@@ -508,18 +517,21 @@ def ct2_translate(
     batch_size: int = 64,
     max_decoding_length: int = 256,
     target_ids: dict[str, int] | None = None,
+    **overrides: Any,
 ) -> list[list[int]]:
     """One `translate_batch` call of a `ctranslate2.Translator` on our source ids (no
     specials), searching as ours does (`ct2_options`): the best target ids of each, without
-    BOS/EOS. `target_ids` (piece -> id, `ct2_target_ids`) may be passed to build it once."""
+    BOS/EOS. `target_ids` (piece -> id, `ct2_target_ids`) may be passed to build it once;
+    `overrides` replace `translate_batch` options (benchmarks: `min_decoding_length`)."""
     target_ids = target_ids or ct2_target_ids(tokenizer)
-    results = translator.translate_batch(
-        [tokenizer.src_pieces(ids) for ids in src_ids],
-        max_decoding_length=max_decoding_length,
-        length_penalty=cfg.length_penalty,
-        max_batch_size=batch_size,
+    options = {
+        "max_decoding_length": max_decoding_length,
+        "length_penalty": cfg.length_penalty,
+        "max_batch_size": batch_size,
         **ct2_options(tokenizer, cfg.beam_size),
-    )
+        **overrides,
+    }
+    results = translator.translate_batch([tokenizer.src_pieces(ids) for ids in src_ids], **options)
     return [[target_ids[piece] for piece in r.hypotheses[0]] for r in results]
 
 

@@ -100,13 +100,12 @@ class Translator:
         after each batch with its size.
         """
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
-        order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
-        size = self.search_cfg.batch_size
-        if progress is not None and len(order) < len(src_ids):
-            progress(len(src_ids) - len(order))
+        batches = length_sorted_batches(src_ids, self.search_cfg.batch_size)
+        n_empty = len(src_ids) - sum(len(chunk) for chunk in batches)
+        if progress is not None and n_empty:
+            progress(n_empty)
         with self._eval_mode():
-            for start in range(0, len(order), size):
-                chunk = order[start : start + size]
+            for chunk in batches:
                 batch = [src_ids[i] for i in chunk]
                 for i, nbest in zip(chunk, self._search(batch), strict=True):
                     results[i] = nbest
@@ -155,6 +154,13 @@ class Translator:
             yield
         finally:
             self.model.train(was_training)
+
+
+def length_sorted_batches(src_ids: list[list[int]], batch_size: int) -> list[list[int]]:
+    """The batches `Translator.search_ids` searches: indices of the non-empty sources, longest
+    first, `batch_size` at a time (benchmarks give peers the same batches)."""
+    order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -23,7 +23,17 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `min_new_tokens=L, max_new_tokens=L+1, forced_eos_token_id` (`use_cache=True`,
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
-  sentence.
+  sentence. CTranslate2 (peer `ctranslate2`, float32 and int8, on our weights through
+  `decoding.export.export_ct2`) has no forced EOS: it gets `min_decoding_length =
+  max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each).
+  Forced lengths give every system the same work, but they hide what a search earns on real
+  input by dropping finished sentences from the batch: `--run` measures that.
+* real sentences (`--run DIR --src FILE [--ref FILE]`, instead of the above): a trained run's
+  `checkpoints/best.pt` decodes the sentences with ours as `translate.py` searches (fp32, and
+  `--quantize int8`), `MarianMTModel.generate` on our weights, and CTranslate2 float32 and
+  int8, at every `--beams`, batches of `--decode-batch`, `--threads` (default 2) threads; one
+  table of sentences/s, sacreBLEU (with `--ref`) and ours / each system
+  (`evaluation.peers`, shared with `scripts/export_check.py --speed`).
 * GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
   achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul, and
   over the datasheet bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other
@@ -33,8 +43,9 @@ What is timed (each model gets the same random batch, the same precision, the sa
   matmuls (2 x q_len x k_len x d_model per layer and sentence), all on non-pad tokens.
 
 Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
-so that machine noise hits every model alike; medians are reported and the ratio ours/peer is
-printed last for each measurement (> 1: ours is faster). `--batch-tokens` budgets a batch as
+so that machine noise hits every model alike; medians are reported with their min-max range,
+and the ratio ours/peer (> 1: ours is faster) is printed last for each measurement as the
+median and range of the per-repeat ratios (one round of the interleaving each). `--batch-tokens` budgets a batch as
 the trainer does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are
 uniform in [max_len/2, max_len] on each side.
 
@@ -47,6 +58,7 @@ Usage:
     python scripts/benchmark.py --preset small --batch-tokens 4096 --json bench.json
     python scripts/benchmark.py --device cuda --preset base --variants fp32,bf16,bf16+compile
     python scripts/benchmark.py --profile                        # + torch.profiler tables
+    python scripts/benchmark.py --run RUN_DIR --src test2016.en --ref test2016.de --repeats 3
 """
 
 from __future__ import annotations
@@ -55,12 +67,13 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import gc
 import json
 import platform
 import statistics
 import sys
-import time
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,16 +87,21 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_model import PeerModel, load_preset, preset_names  # noqa: E402
 
+from common.errors import UserError, exit_status  # noqa: E402
 from data.batching import Batch, collate  # noqa: E402
 from data.tokenizer import SpecialIds  # noqa: E402
+from decoding import export  # noqa: E402
 from decoding.export import to_marian  # noqa: E402
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search  # noqa: E402
+from evaluation import peers  # noqa: E402
 from model import ModelConfig, Transformer  # noqa: E402
 from training.loss import label_smoothed_cross_entropy  # noqa: E402
 
 SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
 LABEL_SMOOTHING = 0.1
 OURS, MARIAN, TORCH = "ours", "transformers", "nn.Transformer"
+CT2 = "ctranslate2"  # the --peers name; decodes at two weight types:
+CT2_FP32, CT2_INT8 = "CTranslate2 fp32", "CTranslate2 int8"
 VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
 GOALS = {"train": 1.2, "beam5": 2.0}  # ours / transformers on the same device (the issue's)
 
@@ -100,8 +118,8 @@ def model_config(preset: str, vocab: int, preset_dropouts: bool) -> tuple[ModelC
         fields["attn_dropout"] = fields["act_dropout"] = fields.get("dropout", 0.1)
     cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=SPECIAL.pad, **fields)
     if cfg.norm_first or not (cfg.share_embeddings and cfg.tie_output):
-        raise SystemExit(
-            "benchmark.py: the peers are post-norm with shared, tied embeddings; "
+        raise UserError(
+            "the peers are post-norm with shared, tied embeddings; "
             "use a preset with norm_first=false, share_embeddings/tie_output=true"
         )
     return cfg, source
@@ -113,6 +131,14 @@ def transformers_version() -> str | None:
     except ImportError:
         return None
     return transformers.__version__
+
+
+def ctranslate2_version() -> str | None:
+    try:
+        import ctranslate2
+    except ImportError:
+        return None
+    return ctranslate2.__version__
 
 
 @torch.no_grad()
@@ -233,33 +259,27 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 def interleaved(
     runs: dict[str, Callable[[], Any]], repeats: int, device: torch.device
 ) -> dict[str, list[float]]:
-    """Seconds per call of each run, repeats interleaved (ABC CAB BCA ...) so that drifts in
-    machine speed hit every run; rotating the order also spreads cache/allocator effects."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            sync(device)
-            start = time.perf_counter()
-            runs[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return times
+    """Seconds per call of each run, repeats interleaved (ABC BCA CAB ...): `peers.interleaved`
+    with the device synchronised around each call."""
+    return peers.interleaved(runs, repeats, lambda: sync(device))
 
 
 def summary(times: list[float]) -> dict[str, Any]:
     return {"times_s": times, "median_s": statistics.median(times), "min_s": min(times)}
 
 
-def print_ratios(results: dict[str, dict], key: str, unit: str) -> dict[str, float]:
-    """Print ours/peer for each peer (last lines of a measurement) and return them."""
-    ratios = {}
+def print_ratios(results: dict[str, dict], unit: str) -> tuple[dict, dict]:
+    """Print ours/peer for each peer (last lines of a measurement): the median of the per-repeat
+    ratios (each repeat is one round of the interleaving, the same work for all) with their
+    min-max range. Returns (medians, ranges)."""
+    ratios, ranges = {}, {}
     for name in results:
         if name != OURS:
-            ratio = results[OURS][key] / results[name][key]
-            ratios[f"ours/{name}"] = ratio
-            print(f"  ratio ours/{name} ({unit}): {ratio:.3f}")
-    return ratios
+            spread = peers.ratio_spread(results[OURS]["times_s"], results[name]["times_s"])
+            ratios[f"ours/{name}"] = spread.median
+            ranges[f"ours/{name}"] = spread.as_dict()
+            print(f"  ratio ours/{name} ({unit}): {spread.format('.3f')}")
+    return ratios, ranges
 
 
 # --------------------------------------------------------------------------- peak memory
@@ -423,7 +443,7 @@ def print_train_table(entry: dict[str, Any]) -> None:
     }
     for key, value in entry["memory_ratios"].items():
         print(f"  ratio {key} (peak step memory, lower is better): {value:.3f}")
-    entry["ratios"] = print_ratios(entry["results"], "tokens_per_s", "training tokens/s")
+    entry["ratios"], entry["ratio_ranges"] = print_ratios(entry["results"], "training tokens/s")
 
 
 def cpu_train_memory(
@@ -509,6 +529,66 @@ def decode_marian(model: nn.Module, src: Tensor, beam: int, length: int) -> list
     return out[:, 1:-1].tolist()
 
 
+class IdPieces:
+    """What `decoding.export.export_ct2` needs of a tokenizer, for random weights without a
+    SentencePiece model: id i is the piece "t<i>" (the specials keep their usual names).
+    CTranslate2 speaks in pieces; these map them one to one to our ids."""
+
+    NAMES = {SPECIAL.pad: "<pad>", SPECIAL.unk: "<unk>", SPECIAL.bos: "<s>", SPECIAL.eos: "</s>"}
+
+    def __init__(self, vocab: int) -> None:
+        self.special = SPECIAL
+        self.src_vocab_size = self.tgt_vocab_size = vocab
+
+    def src_pieces(self, ids: Any) -> list[str]:
+        return [self.NAMES.get(int(i), f"t{int(i)}") for i in ids]
+
+    tgt_pieces = src_pieces
+
+    def decode_src(self, rows: list[list[int]]) -> list[str]:
+        return [" ".join(self.src_pieces(ids)) for ids in rows]
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        return [[int(piece[1:]) for piece in text.split()] for text in texts]
+
+    def state_dict(self) -> dict[str, bytes]:
+        return {"src_model": b""}  # no SentencePiece model to ship
+
+
+def ct2_decoders(
+    model: Transformer, vocab: int, folder: Path, device: torch.device
+) -> dict[str, Callable[[Tensor, int, int], list[list[int]]]]:
+    """CTranslate2 float32 and int8 on our weights (`decoding.export.export_ct2`, which checks
+    the float32 folder against our log-probabilities), decoding a padded source batch to
+    exactly L + 1 tokens: `min_decoding_length = max_decoding_length = L + 1` (it has no forced
+    EOS), the same number of decoder steps as L tokens + EOS from the others."""
+    pieces = IdPieces(vocab)
+    target_ids = export.ct2_target_ids(pieces)
+    ctranslate2 = export.require("ctranslate2")
+    decoders = {}
+    for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
+        export.export_ct2(model, pieces, folder / quantization, quantization)
+        translator = ctranslate2.Translator(
+            str(folder / quantization), device=device.type, inter_threads=1,
+            intra_threads=torch.get_num_threads(),
+        )  # fmt: skip
+
+        def decode(
+            src: Tensor, beam: int, length: int, translator: Any = translator
+        ) -> list[list[int]]:
+            src_ids = [
+                [t for t in row if t not in (SPECIAL.pad, SPECIAL.eos)] for row in src.tolist()
+            ]
+            cfg = SearchConfig(beam_size=beam, length_penalty=1.0)
+            return export.ct2_translate(
+                translator, pieces, src_ids, cfg, len(src_ids), length + 1, target_ids,
+                min_decoding_length=length + 1,
+            )  # fmt: skip
+
+        decoders[name] = decode
+    return decoders
+
+
 def bench_decode(
     args: argparse.Namespace, cfg: ModelConfig, precision: str, device: torch.device
 ) -> list[dict[str, Any]]:
@@ -516,53 +596,169 @@ def bench_decode(
     gen = torch.Generator().manual_seed(args.seed + 1)
     src_lines, _ = random_batch(B, args.max_len, cfg.src_vocab_size, gen)
     src = collate(src_lines, src_lines, SPECIAL).src_ids.to(device)  # (B, S): ids + eos, padded
-    peers = [p for p in args.peers if p == MARIAN]
-    models = build_models(cfg, peers, device, args.max_positions, args.seed)
+    models = build_models(cfg, [p for p in args.peers if p == MARIAN], device, args.max_positions,
+                          args.seed)  # fmt: skip
     for model in models.values():
         model.eval()
-    decoders = {OURS: decode_ours, MARIAN: decode_marian}
-    entries = []
-    for beam in args.beams:
-        search = "greedy" if beam == 1 else f"beam{beam}"
-        print(
-            f"\n== decoding [{precision}] {search}: {B} sentences (source {src.size(1)} max), "
-            f"{L} tokens + EOS each, KV cache, warmup {args.warmup}, repeats {args.repeats}"
-        )
-
-        def run(name: str, beam: int = beam) -> list[list[int]]:
-            with autocast(device, precision), torch.inference_mode():
-                return decoders[name](models[name], src, beam, L)
-
-        outputs = {name: run(name) for name in models}  # warm-up + the output check
-        for name in models:
-            for _ in range(args.warmup - 1):
-                run(name)
-        for name, hyps in outputs.items():
-            if any(len(h) != L for h in hyps):
-                raise RuntimeError(f"{name} {search}: not every output has {L} tokens")
-        runs = {name: (lambda name=name: run(name)) for name in models}
-        times = interleaved(runs, args.repeats, device)
-        results = {}
-        print(f"  {'model':<16}{'median ms':>11}{'min ms':>9}{'sentences/s':>13}{'tokens/s':>11}")
-        for name in models:
-            r = results[name] = summary(times[name])
-            r["sentences_per_s"] = B / r["median_s"]
-            r["tokens_per_s"] = B * (L + 1) / r["median_s"]
-            print(
-                f"  {name:<16}{r['median_s'] * 1e3:>11.1f}{r['min_s'] * 1e3:>9.1f}"
-                f"{r['sentences_per_s']:>13,.1f}{r['tokens_per_s']:>11,.0f}"
-            )
-        entry = {
-            "variant": precision, "search": search, "beam": beam, "batch": B, "length": L,
-            "results": results,
-        }  # fmt: skip
-        if MARIAN in outputs:
-            same = sum(a == b for a, b in zip(outputs[OURS], outputs[MARIAN], strict=True))
-            entry["same_outputs_as_transformers"] = same / B
-            print(f"  same tokens as transformers (same weights): {same}/{B} sentences")
-        entry["ratios"] = print_ratios(results, "tokens_per_s", "decoding tokens/s")
-        entries.append(entry)
+    base = {OURS: decode_ours, MARIAN: decode_marian}
+    decoders = {name: functools.partial(base[name], model) for name, model in models.items()}
+    steps = dict.fromkeys(decoders, L)  # output tokens before EOS, checked below
+    with contextlib.ExitStack() as stack:
+        if CT2 in args.peers and precision == "fp32":
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            decoders.update(ct2_decoders(models[OURS], cfg.src_vocab_size, folder, device))
+            steps.update(dict.fromkeys((CT2_FP32, CT2_INT8), L + 1))
+        entries = []
+        for beam in args.beams:
+            entries.append(decode_one(args, decoders, steps, src, beam, precision, device))
     return entries
+
+
+def decode_one(
+    args: argparse.Namespace, decoders: dict[str, Callable], steps: dict[str, int], src: Tensor,
+    beam: int, precision: str, device: torch.device,
+) -> dict[str, Any]:  # fmt: skip
+    B, L = args.decode_batch, args.decode_len
+    search = "greedy" if beam == 1 else f"beam{beam}"
+    print(
+        f"\n== decoding [{precision}] {search}: {B} random sentences (source {src.size(1)} max), "
+        f"{L} tokens + EOS each (CTranslate2: {L + 1} tokens, no EOS), KV cache, "
+        f"warmup {args.warmup}, repeats {args.repeats} interleaved"
+    )
+
+    def run(name: str) -> list[list[int]]:
+        with autocast(device, precision), torch.inference_mode():
+            return decoders[name](src, beam, L)
+
+    outputs = {name: run(name) for name in decoders}  # warm-up + the output check
+    for name in decoders:
+        for _ in range(args.warmup - 1):
+            run(name)
+    for name, hyps in outputs.items():
+        if any(len(h) != steps[name] for h in hyps):
+            raise RuntimeError(f"{name} {search}: not every output has {steps[name]} tokens")
+    runs = {name: (lambda name=name: run(name)) for name in decoders}
+    times = interleaved(runs, args.repeats, device)
+    results = {}
+    print(
+        f"  {'model':<18}{'median ms':>11}{'min ms':>9}{'sentences/s (min-max)':>26}"
+        f"{'tokens/s':>11}"
+    )
+    for name in decoders:
+        r = results[name] = summary(times[name])
+        rate = peers.Spread.of([B / t for t in times[name]])
+        r["sentences_per_s"] = B / r["median_s"]
+        r["sentences_per_s_range"] = [rate.low, rate.high]
+        r["tokens_per_s"] = B * (L + 1) / r["median_s"]
+        print(
+            f"  {name:<18}{r['median_s'] * 1e3:>11.1f}{r['min_s'] * 1e3:>9.1f}"
+            f"{rate.format():>26}{r['tokens_per_s']:>11,.0f}"
+        )
+    entry = {
+        "variant": precision, "search": search, "beam": beam, "batch": B, "length": L,
+        "results": results,
+    }  # fmt: skip
+    if MARIAN in outputs:
+        same = sum(a == b for a, b in zip(outputs[OURS], outputs[MARIAN], strict=True))
+        entry["same_outputs_as_transformers"] = same / B
+        print(f"  same tokens as transformers (same weights): {same}/{B} sentences")
+    if CT2_FP32 in outputs:
+        same = sum(a == b[:L] for a, b in zip(outputs[OURS], outputs[CT2_FP32], strict=True))
+        entry["same_outputs_as_ctranslate2_fp32"] = same / B
+        print(f"  same first {L} tokens as CTranslate2 fp32: {same}/{B} sentences")
+    entry["ratios"], entry["ratio_ranges"] = print_ratios(results, "decoding tokens/s")
+    return entry
+
+
+# ------------------------------------------------------------------------ real sentences
+
+ATTNMT, ATTNMT_INT8 = "attnmt", "attnmt int8"
+
+
+def bench_real(args: argparse.Namespace) -> dict[str, Any]:
+    """A trained model on real sentences: ours, ours int8, transformers and CTranslate2
+    fp32/int8 at every --beams, through `evaluation.peers` (one table)."""
+    from common.files import read_lines
+    from decoding.checkpoint import resolve_checkpoint
+    from decoding.config import SearchConfig as Config
+    from decoding.ensemble import load_ensemble
+    from evaluation.bleu import corpus_bleu
+
+    if args.device != "cpu":
+        raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")
+    path = resolve_checkpoint(args.run)
+    model, tokenizer = load_ensemble([path])  # as translate.py loads it
+    lines = read_lines(args.src, "--src")
+    refs = read_lines(args.ref, "--ref") if args.ref else None
+    if args.limit:
+        lines, refs = lines[: args.limit], refs[: args.limit] if refs else None
+    if refs is not None and len(refs) != len(lines):
+        raise UserError(f"--ref has {len(refs)} lines but --src has {len(lines)}")
+    if not lines:
+        raise UserError(f"--src {args.src} has no sentences")
+    src_ids = tokenizer.encode_src([line.strip() for line in lines])
+    cfgs = [Config(beam_size=beam, batch_size=args.decode_batch) for beam in args.beams]
+    threads = torch.get_num_threads()
+    print(
+        f"{path}: {len(src_ids)} sentences of {args.src}; searches "
+        f"{', '.join(peers.search_name(b) for b in args.beams)} (translate.py's defaults: "
+        f"budget int({cfgs[0].max_len_a} * src_len + {cfgs[0].max_len_b}), length penalty "
+        f"{cfgs[0].length_penalty}), batches of {args.decode_batch}, {threads} threads; "
+        f"torch {torch.__version__}, transformers {transformers_version() or 'not installed'}, "
+        f"ctranslate2 {ctranslate2_version() or 'not installed'}; 1 warm-up batch, "
+        f"{args.repeats} interleaved repeats, ids in and out (SentencePiece not timed)"
+    )
+    systems = {ATTNMT: peers.ours_system(model, tokenizer)}
+    quantized, _ = load_ensemble([path], quantize="int8")  # translate.py --quantize int8
+    systems[ATTNMT_INT8] = peers.ours_system(quantized, tokenizer)
+    skipped = {}
+    if MARIAN in args.peers:
+        try:
+            systems[MARIAN] = peers.transformers_system(model, tokenizer)
+        except UserError as e:
+            skipped[MARIAN] = str(e)
+    with tempfile.TemporaryDirectory() as tmp:
+        if CT2 in args.peers:
+            for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
+                folder = Path(tmp) / quantization
+                export.export_ct2(model, tokenizer, folder, quantization)
+                systems[name] = peers.ct2_system(folder, tokenizer, threads)
+        for name, reason in skipped.items():
+            print(f"{name}: skipped: {reason}")
+        with torch.inference_mode():
+            cells = peers.compare(systems, src_ids, cfgs, args.repeats)
+
+    def bleu(ids: list[list[int]]) -> float:
+        return corpus_bleu(tokenizer.decode_tgt(ids), refs).score
+
+    table, results = peers.table(cells, ATTNMT, bleu if refs is not None else None)
+    if ATTNMT_INT8 in systems and CT2_INT8 in systems:  # int8 against int8
+        for beam in args.beams:
+            ratio = peers.ratio_spread(
+                cells[(ATTNMT_INT8, beam)].times_s, cells[(CT2_INT8, beam)].times_s
+            )
+            table.append(
+                f"  {ATTNMT_INT8} / {CT2_INT8}, {peers.search_name(beam)}: "
+                f"{ratio.format('.2f', 'x')}"
+            )
+    print("\n" + "\n".join(table))
+    report = {
+        "meta": {
+            "checkpoint": str(path), "src": str(args.src), "ref": str(args.ref) if refs else None,
+            "sentences": len(src_ids), "beams": args.beams, "batch": args.decode_batch,
+            "threads": threads, "repeats": args.repeats, "torch": torch.__version__,
+            "transformers": transformers_version(), "ctranslate2": ctranslate2_version(),
+            "device_name": platform.processor() or platform.machine(),
+            "platform": platform.platform(), "skipped": skipped,
+        },
+        "bleu_signature": corpus_bleu(["a"], ["a"]).signature if refs is not None else None,
+        "systems": results, "table": table,
+    }  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return report
 
 
 # ------------------------------------------------------------------------- GPU extras
@@ -697,15 +893,26 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--peers",
         type=csv(str),
-        default=[MARIAN, TORCH],
-        help=f"comma list of {MARIAN} (MarianMTModel, train + decode) and {TORCH} "
-        "(train only) (default: both)",
+        default=[MARIAN, TORCH, CT2],
+        help=f"comma list of {MARIAN} (MarianMTModel, train + decode), {TORCH} (train only) "
+        f"and {CT2} (decode only, float32 and int8; CPU) (default: all three)",
     )
     add("--no-train", action="store_true", help="skip the training measurements")
     add("--no-decode", action="store_true", help="skip the decoding measurements")
     add("--warmup", type=int, default=2, help="untimed calls per model first (default: 2)")
-    add("--repeats", type=int, default=7, help="timed calls per model, interleaved (default: 7)")
-    add("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed calls per model, interleaved; medians and min-max ranges are reported "
+        "(default: 7; with --run 3)",
+    )
+    add(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of torch and CTranslate2 (default: torch's; with --run 2)",
+    )
     add("--seed", type=int, default=0, help="seed of weights and batches (default: 0)")
     add(
         "--profile",
@@ -714,28 +921,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--profile-top", type=int, default=20, help="ops per profiler table (default: 20)")
     add("--json", type=Path, default=None, metavar="PATH", help="write all results here")
+    real = p.add_argument_group(
+        "real sentences (--run): a trained model on a test set instead of the synthetic runs"
+    )
+    real.add_argument(
+        "--run",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a train.py run dir (its checkpoints/best.pt) or a checkpoint file: decode --src "
+        "with ours (fp32 and --quantize int8), transformers and CTranslate2 fp32/int8 at "
+        "--beams, batches of --decode-batch, and print one table",
+    )
+    real.add_argument("--src", type=Path, default=None, help="source sentences, one a line")
+    real.add_argument("--ref", type=Path, default=None, help="references: sacreBLEU per cell")
+    real.add_argument("--limit", type=int, default=0, help="first N sentences only (0: all)")
     return p
 
 
 def resolve_defaults(args: argparse.Namespace) -> None:
+    if (args.run is None) != (args.src is None):
+        raise UserError(
+            "--run and --src go together: a trained run dir and the sentences to decode"
+        )
+    if args.ref is not None and args.run is None:
+        raise UserError("--ref needs --run and --src")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
+    if args.repeats is not None and args.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    args.repeats = args.repeats or (3 if args.run else 7)
+    if not args.beams or min(args.beams) < 1:
+        raise UserError(f"--beams must be beam sizes >= 1, got {args.beams}")
     gpu = args.device.startswith("cuda")
     args.preset = args.preset or ("base" if gpu else "tiny")
     args.batch_tokens = args.batch_tokens or ([4096, 16384] if gpu else [2048])
     args.variants = args.variants or (["fp32", "bf16", "bf16+compile"] if gpu else ["fp32"])
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
-        raise SystemExit(f"benchmark.py: unknown variant(s) {bad}; use {', '.join(VARIANTS)}")
+        raise UserError(f"unknown variant(s) {bad}; use {', '.join(VARIANTS)}")
     args.max_positions = max(128, 2 * (args.max_len + args.decode_len + 2))  # Marian table
     args.warmup = max(1, args.warmup)
-    unknown = [p for p in args.peers if p not in (MARIAN, TORCH)]
+    unknown = [p for p in args.peers if p not in (MARIAN, TORCH, CT2)]
     if unknown:
-        raise SystemExit(f"benchmark.py: unknown peer(s) {unknown}; use {MARIAN},{TORCH}")
+        raise UserError(f"unknown peer(s) {unknown}; use {MARIAN},{TORCH},{CT2}")
     if MARIAN in args.peers and transformers_version() is None:
         print(
             "NOTE: `transformers` is not installed, so the MarianMTModel peer is skipped "
             "(install it with: pip install -e '.[bench]')."
         )
         args.peers = [p for p in args.peers if p != MARIAN]
+    if CT2 in args.peers and ctranslate2_version() is None:
+        print(
+            "NOTE: `ctranslate2` is not installed, so the CTranslate2 columns are skipped "
+            f"(install it with: {export.INSTALL_HINT})."
+        )
+        args.peers = [p for p in args.peers if p != CT2]
 
 
 def goals(report: dict[str, Any]) -> dict[str, Any]:
@@ -757,9 +998,13 @@ def goals(report: dict[str, Any]) -> dict[str, Any]:
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse flags, run every measurement, print tables; returns the JSON report."""
     args = build_parser().parse_args(argv)
+    resolve_defaults(args)
+    if args.run and args.threads is None:
+        args.threads = 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    resolve_defaults(args)
+    if args.run:
+        return bench_real(args)
     device = torch.device(args.device)
     cfg, source = model_config(args.preset, args.vocab, args.preset_dropouts)
     gpu = device.type == "cuda"
@@ -826,9 +1071,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     return report
 
 
-def main() -> None:
-    run()
+def main(argv: list[str] | None = None) -> int:
+    return exit_status("benchmark.py", lambda: run(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

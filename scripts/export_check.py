@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="R",
         help="also time ours and the CTranslate2 exports R times each, interleaved, at --beam, "
-        "each system in one call over all sentences (sentences/s: median, min-max)",
+        "each system in one call over all sentences (sentences/s: median, min-max; "
+        "scripts/benchmark.py --run compares all systems)",
     )
     parser.add_argument("--beam", type=int, default=5, help="beam size of the --speed runs")
     return parser
@@ -127,41 +128,28 @@ def run(args: argparse.Namespace) -> list[str]:
 
 
 def speed(args, model, tokenizer, src_ids, folders: Path, score) -> list[str]:
-    """Sentences/s of ours and of each CTranslate2 export at `--beam`, R interleaved repeats.
-
-    Each system decodes all sentences in one call, batching as it does by default: ours
-    length-sorts into `--batch-size` batches with our per-sentence budgets; CTranslate2 gets
-    `max_batch_size=--batch-size` (it sorts by length too) and its own default budget of 256
-    tokens. BLEU is that of the last repeat's output."""
-    import statistics
-
-    from decoding import export
+    """Sentences/s of ours and of each CTranslate2 export at `--beam`, R interleaved repeats
+    (`evaluation.peers`, the timing `scripts/benchmark.py --run` reports: the peers get ours'
+    length-sorted batches of `--batch-size`, each with the batch's largest budget).
+    BLEU is that of the last repeat's output."""
     from decoding.config import SearchConfig
+    from evaluation import peers
 
     cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
-    systems = {"ours": lambda: export.our_search_ids(model, tokenizer, src_ids, cfg)}
-    ctranslate2 = export.require("ctranslate2")
-    target_ids = export.ct2_target_ids(tokenizer)
+    systems = {"ours": peers.ours_system(model, tokenizer)}
     for quantization in ("float32", "int8"):
-        threads = {"intra_threads": args.threads} if args.threads else {}
-        translator = ctranslate2.Translator(str(folders / quantization), device="cpu", **threads)
-        systems[f"ctranslate2 {quantization}"] = lambda translator=translator: export.ct2_translate(
-            translator, tokenizer, src_ids, cfg, args.batch_size, target_ids=target_ids
+        systems[f"ctranslate2 {quantization}"] = peers.ct2_system(
+            folders / quantization, tokenizer, args.threads
         )
-    seconds: dict[str, list[float]] = {name: [] for name in systems}
-    outputs: dict[str, list[list[int]]] = {}
-    for _ in range(args.speed):
-        for name, fn in systems.items():
-            start = time.perf_counter()
-            outputs[name] = fn()
-            seconds[name].append(time.perf_counter() - start)
-    n, ours = len(src_ids), statistics.median(seconds["ours"])
+    cells = peers.compare(systems, src_ids, [cfg], args.speed)
     lines = [f"speed, beam {args.beam}, batch {args.batch_size}, {args.speed} interleaved repeats:"]
-    for name, times in seconds.items():
-        rates = sorted(n / t for t in times)
+    print(lines[0], flush=True)
+    for name in systems:
+        cell = cells[(name, args.beam)]
+        ratio = peers.ratio_spread(cells[("ours", args.beam)].times_s, cell.times_s)
         lines.append(
-            f"{name:<24} {statistics.median(rates):7.1f} sent/s ({rates[0]:.1f}-{rates[-1]:.1f})"
-            f"  x{ours / statistics.median(times):.2f} of ours{score(outputs[name])}"
+            f"{name:<24} {cell.rate().format()} sent/s  ours/it {ratio.format('.2f', 'x')}"
+            f"{score(cell.ids)}"
         )
         print(lines[-1], flush=True)
     return lines

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -71,8 +72,13 @@ def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         assert r["peak_mem_mb"] is None or r["peak_mem_mb"] >= 0
     assert train["flops_per_step"] > 0 and train["src_tokens"] > 0 and train["tgt_tokens"] > 0
     assert [d["search"] for d in report["decode"]] == ["greedy", "beam5"]
+    ct2 = (
+        {"CTranslate2 fp32", "CTranslate2 int8"}
+        if importlib.util.find_spec("ctranslate2")
+        else set()
+    )
     for d in report["decode"]:
-        assert set(d["results"]) == {"ours", "transformers"}
+        assert set(d["results"]) == {"ours", "transformers"} | ct2
         assert all(
             r["sentences_per_s"] > 0 and r["tokens_per_s"] > 0 for r in d["results"].values()
         )
@@ -154,3 +160,156 @@ def test_bench_translate_main(
         assert row["different_outputs"] == 0
         assert row["cache"]["sentences_per_s"] > 0 and row["no_cache"]["tokens_per_s"] > 0
     assert report["outputs_identical"] and "N=3" in out
+
+
+# ------------------------------------------------------------- real sentences (--run)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A tiny model trained on the 40 toy pairs (outputs end in EOS by themselves), saved as a
+    train.py run dir, with real sources and references: (run dir, src file, ref file)."""
+    from tests.test_export import TOY, save_run, train_tiny
+
+    tmp = tmp_path_factory.mktemp("bench_run")
+    tokenizer = tiny_tokenizer(tmp / "spm")
+    save_run(tmp / "run", train_tiny(tokenizer, steps=120), tokenizer)
+    src, ref = tmp / "src.de", tmp / "ref.en"
+    src.write_text("".join(f"{s}\n" for s, _ in PAIRS[:12]) + (TOY / "test.de").read_text())
+    ref.write_text("".join(f"{t}\n" for _, t in PAIRS[:12]) + (TOY / "test.en").read_text())
+    return tmp / "run", src, ref
+
+
+def real_flags(trained_run: tuple[Path, Path, Path], *extra: str) -> list[str]:
+    run, src, ref = trained_run
+    return [
+        "--run", str(run), "--src", str(src), "--ref", str(ref), "--threads", "1",
+        "--repeats", "2", "--decode-batch", "8", "--beams", "1,3", *extra,
+    ]  # fmt: skip
+
+
+def test_real_mode_table_with_peers_and_ratios(
+    trained_run: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
+    path = tmp_path / "real.json"
+    with single_thread():
+        status = benchmark.main(real_flags(trained_run, "--json", str(path)))
+    out = capsys.readouterr().out
+    assert status == 0, out
+    report = json.loads(path.read_text())
+    systems = report["systems"]
+    names = ["attnmt", "attnmt int8", "transformers", "CTranslate2 fp32", "CTranslate2 int8"]
+    assert list(systems) == names
+    n = report["meta"]["sentences"]
+    assert n == 24
+    for name in names:
+        for search in ("greedy", "beam 3"):
+            cell = systems[name][search]
+            assert len(cell["times_s"]) == 2
+            rate = cell["sentences_per_s"]
+            assert 0 < rate["min"] <= rate["median"] <= rate["max"]
+            ratio = cell["ratio_attnmt_over_system"]
+            assert 0 < ratio["min"] <= ratio["median"] <= ratio["max"]
+            assert 0 <= cell["bleu"] <= 100
+    # fp32 peers on our weights: mostly our greedy ids (exactly where ours stopped before its
+    # budget: test_peers_give_our_greedy_ids), not a trivial output.
+    for name in ("transformers", "CTranslate2 fp32"):
+        assert systems[name]["greedy"]["same_ids_as_ours"] >= n // 2
+    assert systems["attnmt"]["greedy"]["tokens_per_sentence"] > 2
+    assert systems["attnmt"]["greedy"]["bleu"] > 10  # it learned the training pairs
+    # One Markdown table: a row per system, sent/s, BLEU and ratio columns per search.
+    head = next(line for line in out.splitlines() if line.startswith("| system"))
+    for column in ("greedy sent/s", "beam 3 sent/s", "greedy BLEU", "beam 3 BLEU",
+                   "attnmt / system, greedy", "attnmt / system, beam 3"):  # fmt: skip
+        assert column in head
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
+    assert [row.split(" | ")[0][2:] for row in rows] == names
+    assert all(row.count("x (") == 2 for row in rows[1:])  # ratio (min-max) per search
+
+
+def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None:
+    """transformers and CTranslate2 fp32 on our weights, searching ours' batches with the
+    batch's largest budget: our greedy ids on every sentence that ours ended with EOS before
+    its own budget (the others run on to the batch's budget)."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
+    from decoding import export
+    from decoding.ensemble import load_ensemble
+    from evaluation import peers
+
+    run, src, _ = trained_run
+    model, tokenizer = load_ensemble([run / "checkpoints" / "best.pt"])
+    src_ids = tokenizer.encode_src(src.read_text().splitlines())
+    cfg = SearchConfig(beam_size=1, batch_size=8)
+    with single_thread(), tempfile.TemporaryDirectory() as tmp:
+        export.export_ct2(model, tokenizer, Path(tmp), "float32")
+        ct2 = peers.ct2_system(Path(tmp), tokenizer, threads=1)(src_ids, cfg)
+        hf = peers.transformers_system(model, tokenizer)(src_ids, cfg)
+        ours = peers.ours_system(model, tokenizer)(src_ids, cfg)
+    budgets = export.budgets(src_ids, tokenizer.special, cfg)
+    ended = [
+        i for i, (ids, budget) in enumerate(zip(ours, budgets, strict=True)) if len(ids) < budget
+    ]
+    assert len(ended) >= len(src_ids) // 2
+    assert [ct2[i] for i in ended] == [ours[i] for i in ended]
+    assert [hf[i] for i in ended] == [ours[i] for i in ended]
+
+
+def test_real_mode_without_ctranslate2_says_why(
+    trained_run: tuple[Path, Path, Path],
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    with single_thread():
+        report = benchmark.run(real_flags(trained_run, "--peers", "ctranslate2", "--beams", "1"))
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "ctranslate2" in line and "skipped" in line]
+    assert len(notes) == 1 and "not installed" in notes[0]
+    assert list(report["systems"]) == ["attnmt", "attnmt int8"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--src", "x.txt"], "--run and --src go together"),
+        (["--run", "nowhere", "--src", "x.txt"], "nowhere"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+    ],
+)
+def test_bad_input_is_one_line(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert benchmark.main(flags) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("benchmark.py: error: ") and message in err and "\n" not in err
+
+
+def test_synthetic_decoding_with_ctranslate2_forced_lengths() -> None:
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    report = benchmark.run([*TINY_FLAGS, "--no-train", "--peers", "ctranslate2", "--repeats", "2"])
+    for d in report["decode"]:
+        assert set(d["results"]) == {"ours", "CTranslate2 fp32", "CTranslate2 int8"}
+        assert set(d["ratio_ranges"]) == {"ours/CTranslate2 fp32", "ours/CTranslate2 int8"}
+        assert all(r["sentences_per_s"] > 0 for r in d["results"].values())
+    assert report["decode"][0]["same_outputs_as_ctranslate2_fp32"] == 1.0  # greedy, same weights
+
+
+def test_export_check_speed_uses_the_shared_timing(
+    trained_run: tuple[Path, Path, Path], capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    export_check = load_script("export_check")
+    run, src, ref = trained_run
+    with single_thread():
+        status = export_check.main([
+            "-c", str(run), "--src", str(src), "--ref", str(ref), "--speed", "2", "--beam", "2",
+            "--threads", "1", "--batch-size", "8",
+        ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    speed = out[out.index("speed, beam 2") :].splitlines()
+    assert [line.split()[0] for line in speed[1:4]] == ["ours", "ctranslate2", "ctranslate2"]
+    assert all("sent/s" in line and "ours/it" in line and "BLEU" in line for line in speed[1:4])
