@@ -75,6 +75,20 @@ def read_lines(path: str | Path | None, label: str = "input") -> list[str]:
         return list(iter_lines(stream, path))
 
 
+def read_src_ref(
+    src: str | Path, ref: str | Path | None, limit: int = 0
+) -> tuple[list[str], list[str] | None]:
+    """`--src` lines and the `--ref` lines that go with them (None without `ref`), the first
+    `limit` of each (0 = all). Raises UserError when the two differ in length."""
+    lines = read_lines(src, "--src")
+    refs = read_lines(ref, "--ref") if ref else None
+    if limit:
+        lines, refs = lines[:limit], refs[:limit] if refs else None
+    if refs is not None and len(refs) != len(lines):
+        raise UserError(f"--ref has {len(refs)} lines but --src has {len(lines)}")
+    return lines, refs
+
+
 def decode_line(raw: bytes, number: int, name: str | Path) -> str:
     """One line of UTF-8 input without its "\\n" or "\\r\\n" end; line 1 loses a byte-order mark.
 

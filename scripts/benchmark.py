@@ -678,7 +678,7 @@ ATTNMT, ATTNMT_INT8 = "attnmt", "attnmt int8"
 def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     """A trained model on real sentences: ours, ours int8, transformers and CTranslate2
     fp32/int8 at every --beams, through `evaluation.peers` (one table)."""
-    from common.files import read_lines
+    from common.files import read_src_ref
     from decoding.checkpoint import resolve_checkpoint
     from decoding.config import SearchConfig as Config
     from decoding.ensemble import load_ensemble
@@ -688,12 +688,7 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")
     path = resolve_checkpoint(args.run)
     model, tokenizer = load_ensemble([path])  # as translate.py loads it
-    lines = read_lines(args.src, "--src")
-    refs = read_lines(args.ref, "--ref") if args.ref else None
-    if args.limit:
-        lines, refs = lines[: args.limit], refs[: args.limit] if refs else None
-    if refs is not None and len(refs) != len(lines):
-        raise UserError(f"--ref has {len(refs)} lines but --src has {len(lines)}")
+    lines, refs = read_src_ref(args.src, args.ref, args.limit)
     if not lines:
         raise UserError(f"--src {args.src} has no sentences")
     src_ids = tokenizer.encode_src([line.strip() for line in lines])

@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> list[str]:
     import torch
 
-    from common.files import read_lines
+    from common.files import read_src_ref
     from decoding import export
     from decoding.checkpoint import load_for_inference, resolve_checkpoint
     from decoding.config import SearchConfig
@@ -63,12 +63,7 @@ def run(args: argparse.Namespace) -> list[str]:
         torch.set_num_threads(args.threads)
     path = resolve_checkpoint(args.checkpoint)
     model, tokenizer, _ = load_for_inference(path)
-    lines = read_lines(args.src, "--src")
-    refs = read_lines(args.ref, "--ref") if args.ref else None
-    if args.limit:
-        lines, refs = lines[: args.limit], refs[: args.limit] if refs else None
-    if refs is not None and len(refs) != len(lines):
-        raise UserError(f"--ref has {len(refs)} lines but --src has {len(lines)}")
+    lines, refs = read_src_ref(args.src, args.ref, args.limit)
     src_ids = tokenizer.encode_src([line.strip() for line in lines])
     cfg = SearchConfig(beam_size=1, batch_size=args.batch_size)
     n = len(src_ids)
