@@ -534,6 +534,10 @@ def test_ctrl_c_keeps_the_old_output(checkpoint: Path, tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         env=ENV,
         cwd=ROOT,
+        # As a shell starts a foreground job: SIGINT at its default. A disposition of SIG_IGN
+        # in the test process (left by some library) would be inherited through exec, and
+        # Python then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         proc.stdin.write(b"Ein Hund.\n")
