@@ -108,8 +108,7 @@ class ArrivingLines(Input):
         number = 0  # lines given so far
         eof = False
         while not eof:
-            self._wait_readable()
-            data = os.read(self.fd, _READ_SIZE)  # at least one byte (or EOF) is there
+            data = os.read(self.fd, _READ_SIZE)  # blocks until at least one byte (or EOF)
             eof = not data
             pending += data
             # Take what else has already arrived, without waiting for more.
@@ -123,15 +122,6 @@ class ArrivingLines(Input):
             if lines:
                 yield [decode_line(raw, number + i, self.name) for i, raw in enumerate(lines, 1)]
                 number += len(lines)
-
-    def _wait_readable(self) -> None:
-        """Wait for input in 0.2 s slices, not in one blocking read: Ctrl-C's SIGINT may be
-        delivered to another thread (torch's workers), which does not interrupt a read blocked
-        in the main thread, and Python raises KeyboardInterrupt only once the main thread runs
-        Python code again (the likely cause of test_ctrl_c_keeps_the_old_output timing out
-        twice under load on 2026-11-23; not reproduced on demand)."""
-        while not select.select([self.fd], [], [], 0.2)[0]:
-            pass
 
     def _ready(self) -> bool:
         readable, _, _ = select.select([self.fd], [], [], 0)
