@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.dropout import Dropout, dropout
+
 
 class AttentionOutput(NamedTuple):
     output: Tensor  # (B, T, Dv) or (B, T, D)
@@ -82,7 +84,7 @@ class DotProductAttention(nn.Module):
 
     def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -110,7 +112,7 @@ class AdditiveAttention(nn.Module):
         self.W_k = nn.Linear(key_size, n_hidden, bias=False)
         self.W_q = nn.Linear(query_size, n_hidden, bias=False)
         self.w_v = nn.Linear(n_hidden, 1, bias=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(
         self,
@@ -325,7 +327,7 @@ class MultiHeadAttention(nn.Module):
         elif explicit:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
             weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
-            context = F.dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)
+            context = dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)
             weights = weights if need_weights else None
         else:
             weights = None

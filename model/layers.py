@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
 from model.config import ModelConfig
+from model.dropout import Dropout, dropout
 
 
 class LayerOutput(NamedTuple):
@@ -34,7 +35,7 @@ class FeedForward(nn.Module):
         self.act_dropout = act_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = F.dropout(F.relu(self.linear1(x)), self.act_dropout, self.training)  # (B, T, F)
+        hidden = dropout(F.relu(self.linear1(x)), self.act_dropout, self.training)  # (B, T, F)
         return self.linear2(hidden)  # (B, T, D)
 
 
@@ -44,7 +45,7 @@ class _ResidualLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, n_sublayers: int) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(n_sublayers))
 
     def sublayer_input(self, x: Tensor, i: int) -> Tensor:

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from model.dropout import Dropout
+
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
@@ -34,7 +36,7 @@ class SinusoidalPositionalEncoding(nn.Module):
     def __init__(self, d_model: int, dropout: float = 0.0, initial_len: int = 1024) -> None:
         super().__init__()
         self.d_model = d_model
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.register_buffer("table", sinusoid_table(initial_len, d_model), persistent=False)
 
     def _grow(self, n_positions: int) -> None:

@@ -69,3 +69,56 @@ def test_pad_positions_change_nothing():
     b.loss.backward()
     torch.testing.assert_close(logits.grad[0, :2], other.grad[0, :2])
     assert not logits.grad[0, 2:].any() and not other.grad[0, 2:].any()
+
+
+def _formula(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
+    """The loss written with plain autograd ops (what autograd differentiates for reference)."""
+    log_p = F.log_softmax(logits, dim=-1)
+    keep = target.ne(PAD)
+    nll = -log_p.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -log_p.mean(dim=-1)
+    return ((1 - eps) * nll + eps * smooth).masked_fill(~keep, 0.0).sum()
+
+
+def test_gradient_equals_autograd_of_the_formula_across_row_blocks(monkeypatch):
+    """The hand-written backward is d loss / d logits of the formula, also when the rows are
+    cut into blocks (a block boundary inside the batch, and a last block that is short)."""
+    import training.loss as loss_module
+
+    monkeypatch.setattr(loss_module, "_BLOCK_ELEMENTS", 3 * 11)  # 3 rows of 11 per block
+    torch.manual_seed(3)
+    logits = torch.randn(2, 5, 11, requires_grad=True)  # 10 rows: blocks of 3, 3, 3, 1
+    target = torch.tensor([[4, 2, 10, 0, 0], [1, 1, 3, 5, 0]])
+    scale = 0.37  # the caller's 1 / tokens: the incoming gradient is not 1
+    out = label_smoothed_cross_entropy(logits, target, PAD, 0.1)
+    (out.loss * scale).backward()
+    reference = logits.detach().clone().requires_grad_(True)
+    expected = _formula(reference, target, 0.1)
+    (expected * scale).backward()
+    torch.testing.assert_close(out.loss, expected)
+    torch.testing.assert_close(logits.grad, reference.grad)
+
+
+def test_bf16_logits_get_a_bf16_gradient_close_to_float32():
+    torch.manual_seed(4)
+    logits = torch.randn(3, 7, 50)
+    target = torch.randint(1, 50, (3, 7))
+    low = logits.to(torch.bfloat16).requires_grad_(True)
+    out = label_smoothed_cross_entropy(low, target, PAD, 0.1)
+    out.loss.backward()
+    full = low.detach().float().requires_grad_(True)  # the same numbers in float32
+    expected = _formula(full, target, 0.1)
+    expected.backward()
+    assert low.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(out.loss, expected)  # float32 arithmetic on bf16 inputs
+    torch.testing.assert_close(low.grad.float(), full.grad, atol=2e-3, rtol=1e-2)
+
+
+def test_backward_twice_accumulates_the_same_gradient():
+    """Nothing saved for the backward is overwritten by it (retain_graph works)."""
+    logits = torch.randn(1, 3, 5, requires_grad=True)
+    out = label_smoothed_cross_entropy(logits, torch.tensor([[1, 2, 0]]), PAD, 0.1)
+    out.loss.backward(retain_graph=True)
+    once = logits.grad.clone()
+    out.loss.backward()
+    torch.testing.assert_close(logits.grad, 2 * once)

@@ -1,0 +1,104 @@
+"""Dropout and the training loss, forward + backward on the CPU, ours beside PyTorch's.
+
+Why `model/dropout.py` and `training/loss.py` exist in their form: `F.dropout` draws one
+Bernoulli sample per element, and autograd through log-softmax + gather + mean makes several
+passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
+forward + backward per case, interleaved (A B A B ...), and ours / PyTorch's.
+
+    python scripts/bench_dropout.py                      # (64, 32, 256) bf16, vocab 8000
+    python scripts/bench_dropout.py --dtype float32 --threads 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model.dropout import dropout  # noqa: E402
+from training.loss import label_smoothed_cross_entropy  # noqa: E402
+
+PAD = 0
+
+
+def autograd_loss(logits, target, eps):
+    """The formula with plain autograd (what training/loss.py computed before 2026-11-23)."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)
+    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -log_probs.mean(dim=-1)
+    keep = target.ne(PAD)
+    nll = nll.masked_fill(~keep, 0.0).sum()
+    return (1.0 - eps) * nll + eps * smooth.masked_fill(~keep, 0.0).sum()
+
+
+def timed(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def compare(name: str, ours, theirs, rounds: int, repeats: int) -> None:
+    ours(), theirs()  # warm-up
+    a, b = [], []
+    for _ in range(rounds):
+        a += timed(ours, repeats)
+        b += timed(theirs, repeats)
+    ms_a, ms_b = statistics.median(a) * 1e3, statistics.median(b) * 1e3
+    print(f"{name:34s} ours {ms_a:7.2f} ms   torch {ms_b:7.2f} ms   {ms_b / ms_a:5.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--len", type=int, default=32)
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--p", type=float, default=0.1)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, {args.dtype}, "
+        f"activations ({args.batch}, {args.len}, {args.dim}), vocabulary {args.vocab}"
+    )
+
+    x = torch.randn(args.batch, args.len, args.dim, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+
+    def ours_dropout():
+        dropout(x, args.p).backward(grad)
+
+    def torch_dropout():
+        F.dropout(x, args.p, True).backward(grad)
+
+    compare(f"dropout p={args.p} fwd+bwd", ours_dropout, torch_dropout, args.rounds, args.repeats)
+
+    logits = torch.randn(args.batch, args.len, args.vocab, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, args.vocab, (args.batch, args.len))
+    target[:, -args.len // 8 :] = PAD  # some padding, as in a batch
+
+    def ours_loss():
+        label_smoothed_cross_entropy(logits, target, PAD, 0.1).loss.backward()
+
+    def torch_loss():
+        autograd_loss(logits, target, 0.1).backward()
+
+    compare("label-smoothed loss fwd+bwd", ours_loss, torch_loss, args.rounds, args.repeats // 2)
+
+
+if __name__ == "__main__":
+    main()
