@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -313,3 +314,16 @@ def test_export_check_speed_uses_the_shared_timing(
     speed = out[out.index("speed, beam 2") :].splitlines()
     assert [line.split()[0] for line in speed[1:4]] == ["ours", "ctranslate2", "ctranslate2"]
     assert all("sent/s" in line and "ours/it" in line and "BLEU" in line for line in speed[1:4])
+
+
+def test_bench_train_ops_prints_both_comparisons() -> None:
+    """scripts/bench_train_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_train_ops.py"), "--batch", "2", "--len",
+         "8", "--dim", "16", "--vocab", "50", "--threads", "1", "--rounds", "1", "--repeats",
+         "2"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    rows = [line for line in out.stdout.splitlines() if " ours " in line]
+    assert [row.split()[0] for row in rows] == ["dropout", "label-smoothed"], out.stdout
+    assert all(row.rstrip().endswith("x") for row in rows)

@@ -43,7 +43,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     on the CPU every fresh (N, V) float32 tensor (64 MB for a 2,048-token batch and an 8k
     vocabulary) also costs its page faults. Blocks of `_BLOCK_ELEMENTS` stay in the allocator's
     cache, and only the logits (bf16 under autocast) and three numbers per row are saved.
-    Forward + backward: 60 ms against 114 ms for the formula (`scripts/bench_dropout.py`, bf16,
+    Forward + backward: 60 ms against 114 ms for the formula (`scripts/bench_train_ops.py`, bf16,
     2 threads, 2026-11-23); the results agree (tests/test_loss.py).
     """
 

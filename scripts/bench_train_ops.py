@@ -5,8 +5,8 @@ Bernoulli sample per element, and autograd through log-softmax + gather + mean m
 passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
 forward + backward per case, interleaved (A B A B ...), and ours / PyTorch's.
 
-    python scripts/bench_dropout.py                      # (64, 32, 256) bf16, vocab 8000
-    python scripts/bench_dropout.py --dtype float32 --threads 4
+    python scripts/bench_train_ops.py                      # (64, 32, 256) bf16, vocab 8000
+    python scripts/bench_train_ops.py --dtype float32 --threads 4
 """
 
 from __future__ import annotations
