@@ -204,9 +204,10 @@ def table(
     bleus = {key: bleu(cell.ids) for key, cell in cells.items()} if bleu else {}
     for name in systems:
         row, entry = [name], report.setdefault(name, {})
+        ratios = {}
         for beam in beams:
             cell = cells[(name, beam)]
-            ratio = ratio_spread(cells[(ours, beam)].times_s, cell.times_s)
+            ratio = ratios[beam] = ratio_spread(cells[(ours, beam)].times_s, cell.times_s)
             entry[search_name(beam)] = {
                 "sentences_per_s": cell.rate().as_dict(),
                 "times_s": cell.times_s,
@@ -220,9 +221,7 @@ def table(
             row.append(cell.rate().format())
         if bleu:
             row += [f"{bleus[(name, beam)]:.2f}" for beam in beams]
-        for beam in beams:
-            ratio = ratio_spread(cells[(ours, beam)].times_s, cells[(name, beam)].times_s)
-            row.append("1" if name == ours else ratio.format(".2f", "x"))
+        row += ["1" if name == ours else ratios[beam].format(".2f", "x") for beam in beams]
         lines.append("| " + " | ".join(row) + " |")
     n = len(next(iter(cells.values())).ids)
     lines += ["", f"outputs (of {n} sentences): same ids as {ours}; tokens per sentence"]

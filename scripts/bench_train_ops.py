@@ -3,7 +3,7 @@
 Why `model/dropout.py` and `training/loss.py` exist in their form: `F.dropout` draws one
 Bernoulli sample per element, and autograd through log-softmax + gather + mean makes several
 passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
-forward + backward per case, interleaved (A B A B ...), and ours / PyTorch's.
+forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
 
     python scripts/bench_train_ops.py                      # (64, 32, 256) bf16, vocab 8000
     python scripts/bench_train_ops.py --dtype float32 --threads 4
@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from evaluation import peers  # noqa: E402
 from model.dropout import dropout  # noqa: E402
 from training.loss import label_smoothed_cross_entropy  # noqa: E402
 
@@ -37,22 +37,11 @@ def autograd_loss(logits, target, eps):
     return (1.0 - eps) * nll + eps * smooth.masked_fill(~keep, 0.0).sum()
 
 
-def timed(fn, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def compare(name: str, ours, theirs, rounds: int, repeats: int) -> None:
+def compare(name: str, ours, theirs, repeats: int) -> None:
+    """Median milliseconds of each, timed interleaved (`evaluation.peers.interleaved`)."""
     ours(), theirs()  # warm-up
-    a, b = [], []
-    for _ in range(rounds):
-        a += timed(ours, repeats)
-        b += timed(theirs, repeats)
-    ms_a, ms_b = statistics.median(a) * 1e3, statistics.median(b) * 1e3
+    times = peers.interleaved({"ours": ours, "torch": theirs}, repeats)
+    ms_a, ms_b = (statistics.median(times[key]) * 1e3 for key in ("ours", "torch"))
     print(f"{name:34s} ours {ms_a:7.2f} ms   torch {ms_b:7.2f} ms   {ms_b / ms_a:5.2f}x")
 
 
@@ -85,7 +74,7 @@ def main() -> None:
     def torch_dropout():
         F.dropout(x, args.p, True).backward(grad)
 
-    compare(f"dropout p={args.p} fwd+bwd", ours_dropout, torch_dropout, args.rounds, args.repeats)
+    compare(f"dropout p={args.p} fwd+bwd", ours_dropout, torch_dropout, args.rounds * args.repeats)
 
     logits = torch.randn(args.batch, args.len, args.vocab, dtype=dtype, requires_grad=True)
     target = torch.randint(1, args.vocab, (args.batch, args.len))
@@ -97,7 +86,12 @@ def main() -> None:
     def torch_loss():
         autograd_loss(logits, target, 0.1).backward()
 
-    compare("label-smoothed loss fwd+bwd", ours_loss, torch_loss, args.rounds, args.repeats // 2)
+    compare(
+        "label-smoothed loss fwd+bwd",
+        ours_loss,
+        torch_loss,
+        args.rounds * max(args.repeats // 2, 1),
+    )
 
 
 if __name__ == "__main__":
