@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from data.tokenizer import Tokenizer
 from decoding.checkpoint import CheckpointError, load_for_inference
+from model.packed import pack_linears
 from model.transformer import AttentionMaps
 
 
@@ -99,7 +100,8 @@ def load_ensemble(
 ) -> tuple[nn.Module, Tokenizer]:
     """Checkpoints or run dirs -> (the model, or an `Ensemble` of several, on `device`;
     their tokenizer). `quantize="int8"` gives each model int8 linear layers
-    (`model.quantize.quantize_dynamic_int8`, CPU only).
+    (`model.quantize.quantize_dynamic_int8`, CPU only); otherwise, on the CPU, every linear
+    layer runs oneDNN's pre-packed matmul (`model.packed.pack_linears`).
 
     Raises:
         CheckpointError: a checkpoint is unusable, or its tokenizer (SentencePiece models or
@@ -122,6 +124,8 @@ def load_ensemble(
             from model.quantize import quantize_dynamic_int8
 
             quantize_dynamic_int8(model, inplace=True)
+        elif torch.device(device).type == "cpu":
+            pack_linears(model)  # oneDNN's pre-packed matmuls: same numbers, less time
         models.append(model)
     assert tokenizer is not None
     return (models[0] if len(models) == 1 else Ensemble(models)), tokenizer

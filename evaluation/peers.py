@@ -18,6 +18,10 @@ longest first), one `generate` / `translate_batch` call per batch with the large
 its sentences (both take one limit per call; a trained model's sentences end well before it).
 All systems start from the same ids and return ids: SentencePiece is outside the timings.
 
+Each system may run in a process of its own (`Isolated`): `scripts/benchmark.py --run` and
+`scripts/export_check.py --speed` do so, because in one process CTranslate2 slows torch down
+(see `Isolated`). Only one process computes at a time; the others wait on a pipe.
+
 `compare` times every (system, search) on all sentences in one call each, `repeats` times,
 interleaved with a rotating order so that machine noise hits every cell alike, after an
 untimed warm-up call on the first batch. `Spread` is a median with its min-max range; the
@@ -27,6 +31,7 @@ the same way.
 
 from __future__ import annotations
 
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from common.errors import UserError
 from data.tokenizer import Tokenizer
 from decoding import export
 from decoding.config import SearchConfig
@@ -96,6 +104,113 @@ def ct2_system(folder: Path, tokenizer: Tokenizer, threads: int = 0) -> Search:
     return batched(tokenizer, search_batch)
 
 
+# ------------------------------------------------------------- one process per system
+
+
+@dataclass(frozen=True)
+class Isolated:
+    """A system built and run in a process of its own: `build(*args)` -> `Search`, called in
+    that process (`build` a module-level function, `args` picklable), with `threads` torch
+    threads (0: torch's default).
+
+    Why: CTranslate2's wheel resolves its OpenMP calls to the libgomp that torch has already
+    loaded (`LD_DEBUG=bindings`), so in one process both share one OpenMP runtime. Once
+    CTranslate2 has made its own thread team, that runtime manages more threads than there are
+    CPUs and throttles spin-waiting (libgomp's throttled spin count), so torch's worker threads
+    sleep between parallel regions. Measured here (2 threads, greedy, 512 test2016 sentences,
+    2026-11-23): ours 227-264 sent/s before a CTranslate2 call in the same process, 142-166
+    after it, for as long as the process lives; `OMP_WAIT_POLICY=PASSIVE` alone gives the same
+    slowdown. Users run one system per process, so the benchmark does too.
+    """
+
+    build: Callable[..., Search]
+    args: tuple = ()
+    threads: int = 0
+
+
+def ours_from_checkpoint(path: str, quantize: str = "none") -> Search:
+    """`ours_system` on a checkpoint loaded as `translate.py` loads it."""
+    from decoding.ensemble import load_ensemble
+
+    model, tokenizer = load_ensemble([path], "cpu", quantize)
+    return ours_system(model, tokenizer)
+
+
+def transformers_from_checkpoint(path: str) -> Search:
+    """`transformers_system` on a checkpoint's weights."""
+    from decoding.checkpoint import load_for_inference
+
+    model, tokenizer, _ = load_for_inference(path, "cpu")
+    return transformers_system(model, tokenizer)
+
+
+def ct2_from_folder(folder: str, checkpoint: str, threads: int = 0) -> Search:
+    """`ct2_system` on an `export_ct2` folder, with the tokenizer stored in `checkpoint`."""
+    from decoding.checkpoint import load_for_inference
+
+    _, tokenizer, _ = load_for_inference(checkpoint, "cpu")
+    return ct2_system(Path(folder), tokenizer, threads)
+
+
+def _serve(conn: Any, spec: Isolated, src_ids: list[list[int]]) -> None:
+    """The worker process: build the system, then run searches on request until told to stop."""
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    try:
+        search = spec.build(*spec.args)
+    except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
+        conn.send(("error", str(e) or type(e).__name__))
+        return
+    conn.send(("ready", None))
+    while (request := conn.recv()) is not None:
+        cfg, n = request
+        with torch.inference_mode():
+            start = time.perf_counter()
+            ids = search(src_ids[:n], cfg)
+            seconds = time.perf_counter() - start
+        conn.send(("done", (seconds, ids)))
+
+
+class _Worker:
+    """The parent's handle on an `Isolated` system's process."""
+
+    def __init__(self, spec: Isolated, src_ids: list[list[int]]) -> None:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no state shared
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, spec, src_ids), daemon=True)
+        self.process.start()
+        child.close()
+        self._receive("ready")
+
+    def _receive(self, expected: str) -> Any:
+        try:
+            kind, payload = self.conn.recv()
+        except EOFError:
+            raise UserError(
+                f"a benchmark worker process died (exit code {self.process.exitcode})"
+            ) from None
+        if kind == "error":
+            self.close()
+            raise UserError(payload)
+        assert kind == expected, kind
+        return payload
+
+    def search(self, cfg: SearchConfig, n: int) -> tuple[float, list[list[int]]]:
+        """Seconds (timed in the worker, around the search call) and the output ids."""
+        self.conn.send((cfg, n))
+        return self._receive("done")
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
 # ------------------------------------------------------------------------------ timing
 
 
@@ -104,7 +219,8 @@ def interleaved(
 ) -> dict[Any, list[float]]:
     """Seconds per call of each run, repeats interleaved (ABC BCA CAB ...) so that drifts in
     machine speed hit every run; rotating the order also spreads cache/allocator effects.
-    `sync` (e.g. a CUDA synchronize) is called before and after each timed call."""
+    `sync` (e.g. a CUDA synchronize) is called before and after each timed call. A run that
+    returns a float reports its own seconds (an `Isolated` system, timed in its process)."""
     times: dict[Any, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(repeats):
@@ -112,10 +228,11 @@ def interleaved(
             if sync:
                 sync()
             start = time.perf_counter()
-            runs[name]()
+            result = runs[name]()
             if sync:
                 sync()
-            times[name].append(time.perf_counter() - start)
+            own = isinstance(result, float)  # a run timed in its own process reports it
+            times[name].append(result if own else time.perf_counter() - start)
     return times
 
 
@@ -159,26 +276,52 @@ class Cell:
 
 
 def compare(
-    systems: dict[str, Search],
+    systems: dict[str, Search | Isolated],
     src_ids: list[list[int]],
     cfgs: Sequence[SearchConfig],
     repeats: int,
 ) -> dict[tuple[str, int], Cell]:
     """Time every system with every search config on all `src_ids` (see the module doc);
-    keys (system name, beam size)."""
+    keys (system name, beam size). `Isolated` systems run in their own processes, started
+    here and stopped on return.
+
+    Raises:
+        UserError: an `Isolated` system failed to build (its message) or its process died.
+    """
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     runs: dict[tuple[str, int], Callable[[], Any]] = {}
-    for name, search in systems.items():
-        for cfg in cfgs:
-            key = (name, cfg.beam_size)
-            search(src_ids[: cfg.batch_size], cfg)  # warm-up: one batch, untimed
+    workers: list[_Worker] = []
+    try:
+        for name, system in systems.items():
+            if isinstance(system, Isolated):
+                workers.append(_Worker(system, src_ids))
+                search = _remote_search(workers[-1], len(src_ids))
+            else:
+                search = _local_search(system, src_ids)
+            for cfg in cfgs:
+                key = (name, cfg.beam_size)
+                search(cfg, cfg.batch_size)  # warm-up: one batch, untimed
 
-            def run(search: Search = search, cfg: SearchConfig = cfg, key: Any = key) -> None:
-                outputs[key] = search(src_ids, cfg)
+                def run(search: Any = search, cfg: SearchConfig = cfg, key: Any = key) -> Any:
+                    seconds, outputs[key] = search(cfg, len(src_ids))
+                    return seconds
 
-            runs[key] = run
-    times = interleaved(runs, repeats)
+                runs[key] = run
+        times = interleaved(runs, repeats)
+    finally:
+        for worker in workers:
+            worker.close()
     return {key: Cell(times[key], outputs[key]) for key in runs}
+
+
+def _local_search(search: Search, src_ids: list[list[int]]) -> Callable:
+    """(cfg, n) -> (None: timed by the caller, the ids of the first n sentences)."""
+    return lambda cfg, n: (None, search(src_ids[:n], cfg))
+
+
+def _remote_search(worker: _Worker, n_all: int) -> Callable:
+    """(cfg, n) -> (seconds timed in the worker, ids)."""
+    return lambda cfg, n: worker.search(cfg, min(n, n_all))
 
 
 def search_name(beam: int) -> str:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.dropout import Dropout, dropout
+from model.packed import PackedLinear
 
 
 class AttentionOutput(NamedTuple):
@@ -285,17 +286,22 @@ class MultiHeadAttention(nn.Module):
         """(B, T, D) -> (B, H, T, Dh)."""
         if self.q_proj is not None:
             return self._split_heads(self.q_proj(x), 1)[0]
-        D, proj = self.d_model, self.in_proj
-        return self._split_heads(F.linear(x, proj.weight[:D], proj.bias[:D]), 1)[0]
+        return self._split_heads(self._in_proj_rows(x, 0, self.d_model), 1)[0]
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) -> k, v, each (B, H, S, Dh)."""
         if self.kv_proj is not None:
             k, v = self._split_heads(self.kv_proj(x), 2)
             return k, v
-        D, proj = self.d_model, self.in_proj
-        k, v = self._split_heads(F.linear(x, proj.weight[D:], proj.bias[D:]), 2)
+        k, v = self._split_heads(self._in_proj_rows(x, self.d_model, 3 * self.d_model), 2)
         return k, v
+
+    def _in_proj_rows(self, x: Tensor, start: int, end: int) -> Tensor:
+        """`x` through rows `start:end` of the fused projection (the q or the k|v slice)."""
+        proj = self.in_proj
+        if isinstance(proj, PackedLinear):  # its packed copy of the slice
+            return proj(x, rows=(start, end))
+        return F.linear(x, proj.weight[start:end], proj.bias[start:end])
 
     def attend(
         self,

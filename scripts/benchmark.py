@@ -687,7 +687,7 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     if args.device != "cpu":
         raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")
     path = resolve_checkpoint(args.run)
-    model, tokenizer = load_ensemble([path])  # as translate.py loads it
+    model, tokenizer = load_ensemble([path])  # for the exports and checks; timed in workers
     lines, refs = read_src_ref(args.src, args.ref, args.limit)
     if not lines:
         raise UserError(f"--src {args.src} has no sentences")
@@ -701,15 +701,21 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         f"{cfgs[0].length_penalty}), batches of {args.decode_batch}, {threads} threads; "
         f"torch {torch.__version__}, transformers {transformers_version() or 'not installed'}, "
         f"ctranslate2 {ctranslate2_version() or 'not installed'}; 1 warm-up batch, "
-        f"{args.repeats} interleaved repeats, ids in and out (SentencePiece not timed)"
+        f"{args.repeats} interleaved repeats, ids in and out (SentencePiece not timed), each "
+        "system in a process of its own"
     )
-    systems = {ATTNMT: peers.ours_system(model, tokenizer)}
-    quantized, _ = load_ensemble([path], quantize="int8")  # translate.py --quantize int8
-    systems[ATTNMT_INT8] = peers.ours_system(quantized, tokenizer)
+    # each system in a process of its own, as users run them (see `peers.Isolated`)
+    systems: dict[str, peers.Isolated] = {
+        ATTNMT: peers.Isolated(peers.ours_from_checkpoint, (str(path), "none"), threads),
+        ATTNMT_INT8: peers.Isolated(peers.ours_from_checkpoint, (str(path), "int8"), threads),
+    }
     skipped = {}
     if MARIAN in args.peers:
         try:
-            systems[MARIAN] = peers.transformers_system(model, tokenizer)
+            peers.transformers_system(model, tokenizer)  # raises here if it cannot run
+            systems[MARIAN] = peers.Isolated(
+                peers.transformers_from_checkpoint, (str(path),), threads
+            )
         except UserError as e:
             skipped[MARIAN] = str(e)
     with tempfile.TemporaryDirectory() as tmp:
@@ -717,11 +723,12 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
             for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
                 folder = Path(tmp) / quantization
                 export.export_ct2(model, tokenizer, folder, quantization)
-                systems[name] = peers.ct2_system(folder, tokenizer, threads)
+                systems[name] = peers.Isolated(
+                    peers.ct2_from_folder, (str(folder), str(path), threads), threads
+                )
         for name, reason in skipped.items():
             print(f"{name}: skipped: {reason}")
-        with torch.inference_mode():
-            cells = peers.compare(systems, src_ids, cfgs, args.repeats)
+        cells = peers.compare(systems, src_ids, cfgs, args.repeats)
 
     def bleu(ids: list[list[int]]) -> float:
         return corpus_bleu(tokenizer.decode_tgt(ids), refs).score

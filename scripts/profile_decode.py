@@ -43,14 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    from decoding.checkpoint import load_for_inference
+    from decoding.ensemble import load_ensemble
 
-    model, tokenizer, _ = load_for_inference(args.checkpoint, "cpu")
-    model.eval()
-    if args.quantize == "int8":
-        from model.quantize import quantize_dynamic_int8
-
-        model = quantize_dynamic_int8(model)
+    model, tokenizer = load_ensemble([args.checkpoint], "cpu", args.quantize)  # as translate.py
     lines = read_lines(args.input, "--input")[: args.limit]
     cfg = SearchConfig(beam_size=args.beam, batch_size=len(lines))
     translator = Translator(model, tokenizer, cfg)

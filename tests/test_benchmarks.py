@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from common.errors import UserError
 from decoding import SearchConfig, beam_search, greedy_search
 from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.uncached import UncachedModel
@@ -326,4 +327,44 @@ def test_bench_train_ops_prints_both_comparisons() -> None:
     )  # fmt: skip
     rows = [line for line in out.stdout.splitlines() if " ours " in line]
     assert [row.split()[0] for row in rows] == ["dropout", "label-smoothed"], out.stdout
+    assert all(row.rstrip().endswith("x") for row in rows)
+
+
+def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Path, Path]) -> None:
+    """`peers.compare` with `Isolated` systems: each search runs in a worker process (not
+    this one), returns the in-process ids, and the workers are gone afterwards; a system
+    that fails to build gives its message as a UserError."""
+    import multiprocessing
+
+    from decoding.ensemble import load_ensemble
+    from evaluation import peers
+
+    run, src, _ = trained_run
+    path = str(run / "checkpoints" / "best.pt")
+    model, tokenizer = load_ensemble([path])
+    src_ids = tokenizer.encode_src(src.read_text().splitlines())
+    cfg = SearchConfig(beam_size=2, batch_size=8)
+    with single_thread():
+        want = peers.ours_system(model, tokenizer)(src_ids, cfg)
+        isolated = peers.Isolated(peers.ours_from_checkpoint, (path, "none"), threads=1)
+        cells = peers.compare({"ours": isolated}, src_ids, [cfg], repeats=2)
+    assert cells[("ours", 2)].ids == want
+    assert len(cells[("ours", 2)].times_s) == 2 and all(cells[("ours", 2)].times_s)
+    assert not multiprocessing.active_children()
+    broken = peers.Isolated(peers.ours_from_checkpoint, (str(run / "missing.pt"), "none"), 1)
+    with pytest.raises(UserError, match="missing.pt"):
+        peers.compare({"ours": broken}, src_ids, [cfg], repeats=1)
+    assert not multiprocessing.active_children()
+
+
+def test_bench_decode_ops_prints_every_comparison() -> None:
+    """scripts/bench_decode_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_decode_ops.py"), "--rows", "3", "--dim",
+         "32", "--ff", "64", "--vocab", "640", "--beam", "2", "--threads", "1", "--repeats",
+         "2"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    rows = [line for line in out.stdout.splitlines() if " ours " in line]
+    assert [row.split()[0] for row in rows] == ["linear"] * 5 + ["top-1", "top-4", "log_softmax"]
     assert all(row.rstrip().endswith("x") for row in rows)

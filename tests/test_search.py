@@ -16,6 +16,7 @@ from decoding.search import (
     greedy_search,
     length_penalty_divisor,
     max_lengths,
+    topk,
 )
 from tests.helpers_decoding import (
     SEARCH_MODEL,
@@ -271,3 +272,32 @@ def test_cuda_matches_cpu(tiny: torch.nn.Module) -> None:
     assert_same_results(gpu, cpu)
     greedy_gpu = greedy_search(gpu_model, src_ids.cuda(), SPECIAL, cfg).hypotheses
     assert_same_results(greedy_gpu, greedy_search(tiny, src_ids, SPECIAL, cfg).hypotheses)
+
+
+# ----------------------------------------------------------------------- chunked top-k
+
+
+@pytest.mark.parametrize("k", [1, 2, 10])
+@pytest.mark.parametrize("vocab", [8000, 64 * 7, 32 * 9, 1000])  # chunks of 64, 64, 32, none
+def test_topk_equals_torch_topk(vocab: int, k: int) -> None:
+    """Distinct values: the same values and indices as torch.topk, sorted, with -inf entries
+    (masked tokens) and rows whose best values crowd into one chunk."""
+    gen = torch.Generator().manual_seed(vocab + k)
+    x = torch.randn(33, vocab, generator=gen)
+    x[:, :3] = float("-inf")  # pad, bos, eos masked as search does
+    x[0, 64:74] += 100.0  # row 0: its whole top 10 inside one chunk
+    x[1, -1] = 50.0  # row 1: the best value in the last position
+    got_values, got_idx = topk(x, k)
+    want_values, want_idx = x.topk(k, dim=-1)
+    assert torch.equal(got_values, want_values)
+    assert torch.equal(got_idx, want_idx)
+
+
+def test_topk_with_ties_returns_distinct_positions_of_the_top_values() -> None:
+    x = torch.zeros(4, 640)
+    x[:, ::7] = 1.0  # 92 tied maxima per row, in many chunks
+    x[2] = 3.0  # a constant row
+    values, idx = topk(x, 10)
+    assert torch.equal(values, x.topk(10, dim=-1).values)
+    assert all(len(set(row.tolist())) == 10 for row in idx)  # no position twice
+    assert torch.equal(x.gather(1, idx), values)

@@ -1,0 +1,93 @@
+"""A decoding step's heavy ops on the CPU, ours beside PyTorch's default, at search shapes.
+
+Why `model/packed.py` and `decoding.search.topk` exist: `F.linear` hands float32 matmuls to
+MKL, which packs the weight again on every call, where oneDNN packs it once; and torch's CPU
+`topk` does not vectorise, where a chunked search over `amax` does. Also the normaliser of the
+next-token scores: one `log_softmax` pass against `logsumexp`. Rows are a step's decoder rows:
+64 sentences greedy (64) or beam 5 (320). Prints the median microseconds per call of each,
+interleaved (A B, B A, ...), and theirs / ours.
+
+    python scripts/bench_decode_ops.py                       # d_model 256, ff 1024, vocab 8000
+    python scripts/bench_decode_ops.py --rows 64 320 --threads 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decoding.search import topk  # noqa: E402
+from evaluation import peers  # noqa: E402
+from model.packed import PackedLinear, packing_available  # noqa: E402
+
+
+def compare(name: str, ours, theirs, repeats: int) -> float:
+    """Median microseconds per call of each (`evaluation.peers.interleaved`); theirs / ours."""
+    for _ in range(3):
+        ours(), theirs()  # warm-up (packing happens here)
+    times = peers.interleaved({"ours": ours, "torch": theirs}, repeats)
+    us_a, us_b = (statistics.median(times[key]) * 1e6 for key in ("ours", "torch"))
+    print(f"{name:42s} ours {us_a:8.0f} us   torch {us_b:8.0f} us   {us_b / us_a:5.2f}x")
+    return us_b / us_a
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 320])
+    parser.add_argument("--dim", type=int, default=256)
+    parser.add_argument("--ff", type=int, default=1024)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--beam", type=int, default=5, help="top-k is 1 and 2 x beam")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    print(
+        f"torch {torch.__version__}, {args.threads} threads, float32, d_model {args.dim}, "
+        f"d_ff {args.ff}, vocabulary {args.vocab}; oneDNN packing "
+        f"{'available' if packing_available() else 'NOT available (ours = F.linear)'}"
+    )
+    D, V = args.dim, args.vocab
+    shapes = [(D, 3 * D, "self q|k|v"), (D, D, "out / cross q"), (D, args.ff, "ff in"),
+              (args.ff, D, "ff out"), (D, V, "output projection")]  # fmt: skip
+    linears = {(d_in, d_out): nn.Linear(d_in, d_out) for d_in, d_out, _ in shapes}
+    with torch.inference_mode():
+        for rows in args.rows:
+            print(f"-- {rows} rows")
+            for d_in, d_out, what in shapes:
+                linear = linears[(d_in, d_out)]
+                packed = PackedLinear.from_linear(linear)
+                x = torch.randn(rows, d_in)
+                compare(
+                    f"linear {d_in}->{d_out} ({what})",
+                    lambda x=x, m=packed: m(x),
+                    lambda x=x, m=linear: F.linear(x, m.weight, m.bias),
+                    args.repeats,
+                )
+            logits = torch.randn(rows, V)
+            for k in sorted({1, 2 * args.beam}):
+                compare(
+                    f"top-{k} of ({rows}, {V})",
+                    lambda k=k, z=logits: topk(z, k),
+                    lambda k=k, z=logits: z.topk(k, dim=-1),
+                    args.repeats,
+                )
+            compare(
+                f"log_softmax vs logsumexp ({rows}, {V})",
+                lambda z=logits: torch.log_softmax(z, dim=-1),
+                lambda z=logits: z.logsumexp(dim=-1, keepdim=True),
+                args.repeats,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
