@@ -129,9 +129,13 @@ class Isolated:
 
 
 def ours_from_checkpoint(path: str, quantize: str = "none") -> Search:
-    """`ours_system` on a checkpoint loaded as `translate.py` loads it."""
+    """`ours_system` on a checkpoint loaded as `translate.py` loads it, in a process set up
+    as `translate.py` sets up its own (`common.memory.keep_freed_memory`): call it in a
+    worker (`Isolated`), since the allocator setting is process-wide."""
+    from common.memory import keep_freed_memory
     from decoding.ensemble import load_ensemble
 
+    keep_freed_memory()
     model, tokenizer = load_ensemble([path], "cpu", quantize)
     return ours_system(model, tokenizer)
 

@@ -122,7 +122,8 @@ class DecoderLayer(_ResidualLayer):
             k, v = cache.cross_k, cache.cross_v  # computed once per sentence
         else:
             k, v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
-            if cache is not None:
+            if cache is not None:  # contiguous once, or every step's matmul copies them
+                k, v = k.contiguous(), v.contiguous()
                 cache.cross_k, cache.cross_v = k, v
         N, T, D = h.shape
         B = k.size(0)

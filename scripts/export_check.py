@@ -118,23 +118,26 @@ def run(args: argparse.Namespace) -> list[str]:
                 report.append(f"{name:<24} skipped: {e}")
                 print(report[-1], flush=True)
         if args.speed:
-            report += speed(args, model, tokenizer, src_ids, Path(tmp), score)
+            report += speed(args, path, src_ids, Path(tmp), score)
     return report
 
 
-def speed(args, model, tokenizer, src_ids, folders: Path, score) -> list[str]:
+def speed(args, path: Path, src_ids, folders: Path, score) -> list[str]:
     """Sentences/s of ours and of each CTranslate2 export at `--beam`, R interleaved repeats
-    (`evaluation.peers`, the timing `scripts/benchmark.py --run` reports: the peers get ours'
-    length-sorted batches of `--batch-size`, each with the batch's largest budget).
-    BLEU is that of the last repeat's output."""
+    (`evaluation.peers`, the timing `scripts/benchmark.py --run` reports: each system in a
+    process of its own, the peers get ours' length-sorted batches of `--batch-size`, each
+    with the batch's largest budget). BLEU is that of the last repeat's output."""
+    import torch
+
     from decoding.config import SearchConfig
     from evaluation import peers
 
     cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
-    systems = {"ours": peers.ours_system(model, tokenizer)}
+    threads = args.threads or torch.get_num_threads()
+    systems = {"ours": peers.Isolated(peers.ours_from_checkpoint, (str(path), "none"), threads)}
     for quantization in ("float32", "int8"):
-        systems[f"ctranslate2 {quantization}"] = peers.ct2_system(
-            folders / quantization, tokenizer, args.threads
+        systems[f"ctranslate2 {quantization}"] = peers.Isolated(
+            peers.ct2_from_folder, (str(folders / quantization), str(path), threads), threads
         )
     cells = peers.compare(systems, src_ids, [cfg], args.speed)
     lines = [f"speed, beam {args.beam}, batch {args.batch_size}, {args.speed} interleaved repeats:"]
