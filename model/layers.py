@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
 from model.config import ModelConfig
 from model.dropout import Dropout, dropout
+from model.packed import PackedLinear
 
 
 class LayerOutput(NamedTuple):
@@ -35,7 +36,11 @@ class FeedForward(nn.Module):
         self.act_dropout = act_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = dropout(F.relu(self.linear1(x)), self.act_dropout, self.training)  # (B, T, F)
+        if isinstance(self.linear1, PackedLinear):  # inference: ReLU fused into the matmul
+            hidden = self.linear1(x, relu=True)  # (B, T, F)
+        else:
+            hidden = F.relu(self.linear1(x))
+        hidden = dropout(hidden, self.act_dropout, self.training)
         return self.linear2(hidden)  # (B, T, D)
 
 

@@ -61,9 +61,10 @@ class PackedLinear(nn.Linear):
             self._packed[(dtype, rows)] = cached
         return cached[1]
 
-    def forward(self, x: Tensor, rows: tuple[int, int] | None = None) -> Tensor:
+    def forward(self, x: Tensor, rows: tuple[int, int] | None = None, relu: bool = False) -> Tensor:
         """`F.linear(x, weight, bias)`, or with rows `start:end` of both when `rows` is given
-        (e.g. the query slice of a fused q|k|v projection)."""
+        (e.g. the query slice of a fused q|k|v projection); `relu=True` applies `F.relu` to
+        the result (inside the packed matmul: no second pass over its output)."""
         weight, bias = self.weight, self.bias
         dtype = weight.dtype
         if torch.is_autocast_enabled("cpu"):
@@ -73,11 +74,12 @@ class PackedLinear(nn.Linear):
             if rows is not None:
                 weight = weight[slice(*rows)]
                 bias = None if bias is None else bias[slice(*rows)]
-            return F.linear(x, weight, bias)
+            out = F.linear(x, weight, bias)
+            return F.relu(out) if relu else out
         if bias is not None:
             bias = (bias.detach() if rows is None else bias.detach()[slice(*rows)]).to(dtype)
         return torch.ops.mkldnn._linear_pointwise(
-            x.to(dtype), self._packed_weight(dtype, rows), bias, "none", [], ""
+            x.to(dtype), self._packed_weight(dtype, rows), bias, "relu" if relu else "none", [], ""
         )
 
 

@@ -114,3 +114,14 @@ def test_translate_loading_packs_on_cpu_only_without_int8(tmp_path, tiny_model) 
     assert isinstance(packed.generator, PackedLinear)
     int8, _ = load_ensemble([tmp_path / "model.pt"], "cpu", quantize="int8")
     assert not any(isinstance(m, PackedLinear) for m in int8.modules())
+
+
+def test_fused_relu_equals_relu_of_the_output() -> None:
+    plain, packed = linear_pair()
+    x = torch.randn(5, 24)
+    with torch.inference_mode():
+        fused = packed(x, relu=True)
+        assert torch.equal(fused, torch.relu(packed(x)))
+    torch.testing.assert_close(fused, torch.relu(plain(x)), rtol=1e-5, atol=1e-5)
+    y = torch.randn(5, 24, requires_grad=True)  # the F.linear path (autograd) applies it too
+    assert torch.equal(packed(y, relu=True), torch.relu(F.linear(y, plain.weight, plain.bias)))
