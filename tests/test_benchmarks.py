@@ -368,3 +368,16 @@ def test_bench_decode_ops_prints_every_comparison() -> None:
     rows = [line for line in out.stdout.splitlines() if " ours " in line]
     assert [row.split()[0] for row in rows] == ["linear"] * 5 + ["top-1", "top-4", "log_softmax"]
     assert all(row.rstrip().endswith("x") for row in rows)
+
+
+def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path, Path]) -> None:
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    run, src, _ = trained_run
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_peer_interference.py"), "-c", str(run),
+         "--src", str(src), "--limit", "8", "--threads", "1", "--repeats", "1"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    names = [line.split("  ")[0] for line in out.splitlines() if "sent/s" in line]
+    assert names == ["ours", "ctranslate2", "ours, after"], out
+    assert "/ before:" in out.splitlines()[-1]
