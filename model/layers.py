@@ -57,7 +57,9 @@ class _ResidualLayer(nn.Module):
         return self.norms[i](x) if self.norm_first else x
 
     def residual(self, x: Tensor, sublayer_output: Tensor, i: int) -> Tensor:
-        x = x + self.dropout(sublayer_output)  # sec. 5.4: dropout before the residual add
+        if self.training:  # sec. 5.4: dropout before the residual add (skipped: a module call)
+            sublayer_output = self.dropout(sublayer_output)
+        x = x + sublayer_output
         return x if self.norm_first else self.norms[i](x)
 
 

@@ -34,7 +34,7 @@ class PackedLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self._packed: dict[tuple, tuple[tuple[int, int], Tensor]] = {}
+        self._packed: dict[tuple, tuple[tuple[int, int], Tensor, Tensor | None]] = {}
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
@@ -47,39 +47,45 @@ class PackedLinear(nn.Linear):
         packed.train(linear.training)
         return packed
 
-    def _packed_weight(self, dtype: torch.dtype, rows: tuple[int, int] | None) -> Tensor:
-        """The weight (or its rows `rows`) in oneDNN's blocked layout, in `dtype`; packed again
-        when the weight changed."""
+    def _packed_weight(
+        self, dtype: torch.dtype, rows: tuple[int, int] | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The weight (or its rows `rows`) in oneDNN's blocked layout and the bias (or its
+        rows), in `dtype`; made again when the weight changed."""
         weight = self.weight
         # inference tensors (made under inference_mode) have no version counter
         key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
         cached = self._packed.get((dtype, rows))
         if cached is None or cached[0] != key:
+            part = slice(*rows) if rows is not None else slice(None)
             with torch.no_grad():
-                weight = weight.detach() if rows is None else weight[slice(*rows)]
-                cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype)))
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight[part].to(dtype))
+                bias = None if self.bias is None else self.bias[part].to(dtype)
+            cached = (key, packed, bias)
             self._packed[(dtype, rows)] = cached
-        return cached[1]
+        return cached[1], cached[2]
 
     def forward(self, x: Tensor, rows: tuple[int, int] | None = None, relu: bool = False) -> Tensor:
         """`F.linear(x, weight, bias)`, or with rows `start:end` of both when `rows` is given
         (e.g. the query slice of a fused q|k|v projection); `relu=True` applies `F.relu` to
         the result (inside the packed matmul: no second pass over its output)."""
-        weight, bias = self.weight, self.bias
-        dtype = weight.dtype
-        if torch.is_autocast_enabled("cpu"):
-            dtype = torch.get_autocast_dtype("cpu")
+        weight = self.weight
+        dtype = (
+            torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
+        )
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         if needs_grad or x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+            bias = self.bias
             if rows is not None:
                 weight = weight[slice(*rows)]
                 bias = None if bias is None else bias[slice(*rows)]
             out = F.linear(x, weight, bias)
             return F.relu(out) if relu else out
-        if bias is not None:
-            bias = (bias.detach() if rows is None else bias.detach()[slice(*rows)]).to(dtype)
+        packed, bias = self._packed_weight(dtype, rows)
+        if x.dtype != dtype:
+            x = x.to(dtype)
         return torch.ops.mkldnn._linear_pointwise(
-            x.to(dtype), self._packed_weight(dtype, rows), bias, "relu" if relu else "none", [], ""
+            x, packed, bias, "relu" if relu else "none", [], ""
         )
 
 
