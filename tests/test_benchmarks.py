@@ -317,16 +317,22 @@ def test_export_check_speed_uses_the_shared_timing(
     assert all("sent/s" in line and "ours/it" in line and "BLEU" in line for line in speed[1:4])
 
 
+def run_script(name: str, *args: str) -> str:
+    """stdout of `scripts/<name>.py args` run as a command (fails the test on a non-zero exit)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+
+
 def test_bench_train_ops_prints_both_comparisons() -> None:
     """scripts/bench_train_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_train_ops.py"), "--batch", "2", "--len",
-         "8", "--dim", "16", "--vocab", "50", "--threads", "1", "--rounds", "1", "--repeats",
-         "2"],
-        capture_output=True, text=True, timeout=120, check=True,
+    out = run_script(
+        "bench_train_ops", "--batch", "2", "--len", "8", "--dim", "16", "--vocab", "50",
+        "--threads", "1", "--rounds", "1", "--repeats", "2",
     )  # fmt: skip
-    rows = [line for line in out.stdout.splitlines() if " ours " in line]
-    assert [row.split()[0] for row in rows] == ["dropout", "label-smoothed"], out.stdout
+    rows = [line for line in out.splitlines() if " ours " in line]
+    assert [row.split()[0] for row in rows] == ["dropout", "label-smoothed"], out
     assert all(row.rstrip().endswith("x") for row in rows)
 
 
@@ -359,13 +365,11 @@ def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Pa
 
 def test_bench_decode_ops_prints_every_comparison() -> None:
     """scripts/bench_decode_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_decode_ops.py"), "--rows", "3", "--dim",
-         "32", "--ff", "64", "--vocab", "640", "--beam", "2", "--threads", "1", "--repeats",
-         "2"],
-        capture_output=True, text=True, timeout=120, check=True,
+    out = run_script(
+        "bench_decode_ops", "--rows", "3", "--dim", "32", "--ff", "64", "--vocab", "640",
+        "--beam", "2", "--threads", "1", "--repeats", "2",
     )  # fmt: skip
-    rows = [line for line in out.stdout.splitlines() if " ours " in line]
+    rows = [line for line in out.splitlines() if " ours " in line]
     assert [row.split()[0] for row in rows] == ["linear"] * 5 + ["top-1", "top-4", "log_softmax"]
     assert all(row.rstrip().endswith("x") for row in rows)
 
@@ -373,11 +377,10 @@ def test_bench_decode_ops_prints_every_comparison() -> None:
 def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path, Path]) -> None:
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     run, src, _ = trained_run
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "check_peer_interference.py"), "-c", str(run),
-         "--src", str(src), "--limit", "8", "--threads", "1", "--repeats", "1"],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout  # fmt: skip
+    out = run_script(
+        "check_peer_interference", "-c", str(run), "--src", str(src), "--limit", "8",
+        "--threads", "1", "--repeats", "1",
+    )  # fmt: skip
     names = [line.split("  ")[0] for line in out.splitlines() if "sent/s" in line]
     assert names == ["ours", "ctranslate2", "ours, after"], out
     assert "/ before:" in out.splitlines()[-1]
