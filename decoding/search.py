@@ -170,8 +170,8 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
     torch's CPU `topk` (like `max` with indices) does not vectorise: on (320, 8000) float32 it
     took ~2.7 ms where `amax` took ~0.1 ms (2 threads here). So: split each row into C chunks
-    of L, take the chunk maxima (`amax`), keep
-    the k chunks with the largest maxima and run `topk` on their k * L values. Exact: with
+    of L, take the chunk maxima (`amax`), keep the k chunks with the largest maxima and run
+    `topk` on their k * L values. Exact: with
     tau the k-th largest chunk maximum, every value outside the kept chunks is <= tau, while
     the kept chunks hold k values >= tau. Tied values may come back in another order or with
     other indices than torch's (whose order among ties is unspecified too).
