@@ -117,10 +117,12 @@ class Isolated:
     loaded (`LD_DEBUG=bindings`), so in one process both share one OpenMP runtime. Once
     CTranslate2 has made its own thread team, that runtime manages more threads than there are
     CPUs and throttles spin-waiting (libgomp's throttled spin count), so torch's worker threads
-    sleep between parallel regions. Measured here (2 threads, greedy, 512 test2016 sentences,
-    2026-11-23): ours 227-264 sent/s before a CTranslate2 call in the same process, 142-166
-    after it, for as long as the process lives; `OMP_WAIT_POLICY=PASSIVE` alone gives the same
-    slowdown. Users run one system per process, so the benchmark does too.
+    sleep between parallel regions. `scripts/check_peer_interference.py` (2 threads, greedy,
+    512 test2016 sentences, 2026-11-23): ours 296-343 sent/s before a CTranslate2 call in the
+    same process, 192-214 after it (0.56-0.72x), for as long as the process lives, with
+    torch's second thread busy about half of each call instead of all of it;
+    `OMP_WAIT_POLICY=PASSIVE` alone gives the same slowdown. Users run one system per
+    process, so the benchmark does too.
     """
 
     build: Callable[..., Search]
