@@ -712,7 +712,8 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     skipped = {}
     if MARIAN in args.peers:
         try:
-            peers.transformers_system(model, tokenizer)  # raises here if it cannot run
+            export.require("transformers")  # what the worker would raise, checked here
+            export.check_marian(model.cfg)
             systems[MARIAN] = peers.Isolated(
                 peers.transformers_from_checkpoint, (str(path),), threads
             )
