@@ -238,6 +238,23 @@ def interleaved(
     return times
 
 
+_UNITS = {"ms": (1e3, "7.2f"), "us": (1e6, "8.0f")}
+
+
+def compare_ops(
+    name: str, ours: Callable, theirs: Callable, repeats: int, unit: str = "ms",
+    warmup: int = 1, width: int = 34,
+) -> None:  # fmt: skip
+    """Print the median time per call of two implementations of one op, timed interleaved
+    after `warmup` calls of each, and theirs / ours (the op benchmarks in `scripts/`)."""
+    for _ in range(warmup):
+        ours(), theirs()
+    times = interleaved({"ours": ours, "torch": theirs}, repeats)
+    scale, spec = _UNITS[unit]
+    a, b = (statistics.median(times[key]) * scale for key in ("ours", "torch"))
+    print(f"{name:{width}s} ours {a:{spec}} {unit}   torch {b:{spec}} {unit}   {b / a:5.2f}x")
+
+
 @dataclass(frozen=True)
 class Spread:
     """A median and the min-max range of repeated figures."""

@@ -14,7 +14,6 @@ interleaved (A B, B A, ...), and theirs / ours.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,14 +27,10 @@ from evaluation import peers  # noqa: E402
 from model.packed import PackedLinear, packing_available  # noqa: E402
 
 
-def compare(name: str, ours, theirs, repeats: int) -> float:
-    """Median microseconds per call of each (`evaluation.peers.interleaved`); theirs / ours."""
-    for _ in range(3):
-        ours(), theirs()  # warm-up (packing happens here)
-    times = peers.interleaved({"ours": ours, "torch": theirs}, repeats)
-    us_a, us_b = (statistics.median(times[key]) * 1e6 for key in ("ours", "torch"))
-    print(f"{name:42s} ours {us_a:8.0f} us   torch {us_b:8.0f} us   {us_b / us_a:5.2f}x")
-    return us_b / us_a
+def compare(name: str, ours, theirs, repeats: int) -> None:
+    """Median microseconds per call of each (`evaluation.peers.compare_ops`); the warm-up
+    calls pack the weights."""
+    peers.compare_ops(name, ours, theirs, repeats, unit="us", warmup=3, width=42)
 
 
 def main(argv: list[str] | None = None) -> int:

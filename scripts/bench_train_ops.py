@@ -12,7 +12,6 @@ forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -38,11 +37,8 @@ def autograd_loss(logits, target, eps):
 
 
 def compare(name: str, ours, theirs, repeats: int) -> None:
-    """Median milliseconds of each, timed interleaved (`evaluation.peers.interleaved`)."""
-    ours(), theirs()  # warm-up
-    times = peers.interleaved({"ours": ours, "torch": theirs}, repeats)
-    ms_a, ms_b = (statistics.median(times[key]) * 1e3 for key in ("ours", "torch"))
-    print(f"{name:34s} ours {ms_a:7.2f} ms   torch {ms_b:7.2f} ms   {ms_b / ms_a:5.2f}x")
+    """Median milliseconds of each, timed interleaved (`evaluation.peers.compare_ops`)."""
+    peers.compare_ops(name, ours, theirs, repeats, unit="ms", warmup=1, width=34)
 
 
 def main() -> None:
