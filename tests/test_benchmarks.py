@@ -325,15 +325,20 @@ def run_script(name: str, *args: str) -> str:
     ).stdout  # fmt: skip
 
 
+def compared_ops(out: str) -> list[str]:
+    """The op names of an op benchmark's comparison lines, each checked to end in a ratio."""
+    rows = [line for line in out.splitlines() if " ours " in line]
+    assert all(row.rstrip().endswith("x") for row in rows), out
+    return [row.split()[0] for row in rows]
+
+
 def test_bench_train_ops_prints_both_comparisons() -> None:
     """scripts/bench_train_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
     out = run_script(
         "bench_train_ops", "--batch", "2", "--len", "8", "--dim", "16", "--vocab", "50",
         "--threads", "1", "--rounds", "1", "--repeats", "2",
     )  # fmt: skip
-    rows = [line for line in out.splitlines() if " ours " in line]
-    assert [row.split()[0] for row in rows] == ["dropout", "label-smoothed"], out
-    assert all(row.rstrip().endswith("x") for row in rows)
+    assert compared_ops(out) == ["dropout", "label-smoothed"], out
 
 
 def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Path, Path]) -> None:
@@ -369,9 +374,7 @@ def test_bench_decode_ops_prints_every_comparison() -> None:
         "bench_decode_ops", "--rows", "3", "--dim", "32", "--ff", "64", "--vocab", "640",
         "--beam", "2", "--threads", "1", "--repeats", "2",
     )  # fmt: skip
-    rows = [line for line in out.splitlines() if " ours " in line]
-    assert [row.split()[0] for row in rows] == ["linear"] * 5 + ["top-1", "top-4", "log_softmax"]
-    assert all(row.rstrip().endswith("x") for row in rows)
+    assert compared_ops(out) == ["linear"] * 5 + ["top-1", "top-4", "log_softmax"], out
 
 
 def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path, Path]) -> None:
