@@ -134,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="int8: dynamic int8 quantization of every linear layer (torch.ao), CPU only "
         "(default: none)",
     )
+    add(
+        "--inter-threads",
+        type=_number(int, 1),
+        default=1,
+        metavar="N",
+        help="search N batches at once, one thread each, torch's CPU threads divided among them "
+        "(CTranslate2's inter_threads); same output, more sentences/s where one batch cannot "
+        "keep every core busy (default: 1)",
+    )
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
         "--buffer-size",
@@ -280,7 +289,7 @@ def run(args: argparse.Namespace) -> None:
         from decoding.translator import Translator
 
         model, tokenizer = load_ensemble(args.checkpoint, device, args.quantize)
-        translator = Translator(model, tokenizer, cfg, device)
+        translator = Translator(model, tokenizer, cfg, device, args.inter_threads)
         output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
         with output as out, precision:
             keep = refs is not None

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import NamedTuple
 
 import torch
@@ -44,12 +45,19 @@ class Translator:
     sentences give empty translations without reaching the model. The model is put in eval
     mode while translating and restored afterwards, so a trainer can call this mid-training.
 
+    `inter_threads` > 1 searches that many batches at once, each on a thread of its own,
+    with torch's intra-op threads divided among them (CTranslate2's `inter_threads`;
+    Marian's `--cpu-threads` workers). The results are the same; on a CPU it pays where one
+    batch's ops are too small to keep every core busy (2 cores, the default Multi30k model:
+    see the README's Benchmarks). The caller's autocast (bf16) reaches the worker threads.
+
     Args:
         model: the Transformer (or a `decoding.ensemble.Ensemble` of several), already on
             `device`.
         tokenizer: the tokenizer the model was trained with.
         search_cfg: decoding options; the defaults of `SearchConfig` when None.
         device: where the inputs go; the model's device when None.
+        inter_threads: batches searched at once (default 1: one after the other).
 
     Example:
         >>> translator = Translator(model, tokenizer, SearchConfig(beam_size=5))
@@ -62,11 +70,16 @@ class Translator:
         tokenizer: Tokenizer,
         search_cfg: SearchConfig | None = None,
         device: str | torch.device | None = None,
+        inter_threads: int = 1,
     ) -> None:
+        if inter_threads < 1:
+            raise ValueError(f"inter_threads must be >= 1, got {inter_threads}")
         self.model = model
         self.tokenizer = tokenizer
         self.search_cfg = search_cfg or SearchConfig()
         self.device = torch.device(device) if device is not None else _device_of(model)
+        self.inter_threads = inter_threads
+        self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
 
     def translate(self, sentences: list[str]) -> list[str]:
         """The best translation of each sentence, in input order."""
@@ -105,13 +118,38 @@ class Translator:
         if progress is not None and n_empty:
             progress(n_empty)
         with self._eval_mode():
-            for chunk in batches:
-                batch = [src_ids[i] for i in chunk]
-                for i, nbest in zip(chunk, self._search(batch), strict=True):
+            for chunk, found in zip(batches, self._search_all(src_ids, batches), strict=True):
+                for i, nbest in zip(chunk, found, strict=True):
                     results[i] = nbest
                 if progress is not None:
                     progress(len(chunk))
         return results
+
+    def _search_all(
+        self, src_ids: list[list[int]], batches: list[list[int]]
+    ) -> Iterator[list[list[Hypothesis]]]:
+        """Each batch's hypotheses, in batch order: one after the other, or `inter_threads`
+        at once on a thread pool, torch's intra-op threads divided among them meanwhile."""
+        if self.inter_threads == 1 or len(batches) < 2:
+            for chunk in batches:
+                yield self._search([src_ids[i] for i in chunk])
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.inter_threads, thread_name_prefix="search")
+        context = _autocast_of(self.device.type)  # thread-local: each worker enters it again
+        threads = torch.get_num_threads()
+        intra = max(1, threads // self.inter_threads)
+
+        def search(chunk: list[int]) -> list[list[Hypothesis]]:
+            torch.set_num_threads(intra)  # OpenMP's team size is per thread: set it in each
+            with context():
+                return self._search([src_ids[i] for i in chunk])
+
+        torch.set_num_threads(intra)
+        try:
+            yield from self._pool.map(search, batches)
+        finally:
+            torch.set_num_threads(threads)
 
     def attention_for(self, sentence: str) -> SentenceAttention:
         """Translate one sentence and return its cross-attention weights of every layer.
@@ -161,6 +199,15 @@ def length_sorted_batches(src_ids: list[list[int]], batch_size: int) -> list[lis
     first, `batch_size` at a time (benchmarks give peers the same batches)."""
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _autocast_of(device_type: str) -> Callable[[], AbstractContextManager]:
+    """A factory of the calling thread's autocast context on `device_type` (autocast state is
+    per thread), or of a no-op when autocast is off."""
+    if not torch.is_autocast_enabled(device_type):
+        return nullcontext
+    dtype = torch.get_autocast_dtype(device_type)
+    return lambda: torch.autocast(device_type, dtype=dtype)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

@@ -106,7 +106,7 @@ def assert_one_line_error(err: str, *words: str) -> None:
 
 
 def test_args_file_and_stdin_agree(checkpoint: Path, tmp_path: Path) -> None:
-    """Args (batch 2) == --input file (batch 64, --ref, --output) == stdin."""
+    """Args (batch 2) == --input file (batch 1, 2 inter-threads, --ref, --output) == stdin."""
     from_args = run_cli(
         "-c",
         str(checkpoint.parents[1]),
@@ -139,6 +139,10 @@ def test_args_file_and_stdin_agree(checkpoint: Path, tmp_path: Path) -> None:
         str(tmp_path / "ref.en"),
         "--output",
         str(tmp_path / "hyp.en"),
+        "--batch-size",  # three batches, two searched at once: the same lines
+        "1",
+        "--inter-threads",
+        "2",
     )
     assert from_file.returncode == 0, from_file.stderr.decode()
     assert from_file.stdout == b""
@@ -245,10 +249,11 @@ def test_input_and_output_errors(
     assert status != 0
     assert_one_line_error(err, "--nbest 3", "--beam")
 
-    with pytest.raises(SystemExit) as exit_info:
-        translate.main(["-c", ckpt, "--beam", "0", "a"])
-    assert exit_info.value.code == 2
-    assert_one_line_error(capsys.readouterr().err, "--beam")
+    for flag in ("--beam", "--inter-threads"):
+        with pytest.raises(SystemExit) as exit_info:
+            translate.main(["-c", ckpt, flag, "0", "a"])
+        assert exit_info.value.code == 2
+        assert_one_line_error(capsys.readouterr().err, flag, "less than 1")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -328,6 +333,58 @@ def test_translator_order_empty_lines_and_training_mode(model, tokenizer) -> Non
     assert model.training, "the caller's mode is restored"
     model.eval()
     assert small == big
+
+
+def test_inter_threads_search_batches_at_once_with_the_same_output(
+    model,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """Two batches in flight at once (a barrier that only two concurrent searches pass), each
+    worker on half of torch's threads and under the caller's autocast; same n-best lists,
+    progress counts and thread count afterwards as one batch at a time."""
+    sentences = ["Die Sonne scheint.", "", "Ein Mann spielt Gitarre.", "Es regnet.", "Zwei Hunde."]
+    cfg = SearchConfig(beam_size=2, nbest=2, batch_size=1)
+    torch.set_num_threads(2)  # what each worker gets below (the sums' order depends on it)
+    try:
+        expected = Translator(model, tokenizer, cfg).translate_nbest(sentences)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected_bf16 = Translator(model, tokenizer, cfg).translate_nbest(sentences)
+    finally:
+        torch.set_num_threads(1)
+    assert expected_bf16 != expected  # so the check below can tell whether autocast reached
+
+    seen: list[tuple[int, int, bool]] = []  # (thread, torch threads, autocast) per batch
+    barrier = threading.Barrier(2, timeout=30)
+    search = Translator._search
+
+    def spy(self: Translator, batch: list[list[int]]) -> list:
+        seen.append(
+            (threading.get_ident(), torch.get_num_threads(), torch.is_autocast_enabled("cpu"))
+        )
+        if len(seen) <= 2:
+            barrier.wait()  # raises BrokenBarrierError unless two batches run concurrently
+        return search(self, batch)
+
+    monkeypatch.setattr(Translator, "_search", spy)
+    translator = Translator(model, tokenizer, cfg, inter_threads=2)
+    torch.set_num_threads(4)
+    try:
+        done: list[int] = []
+        assert translator.translate_nbest(sentences, progress=done.append) == expected
+        assert sum(done) == len(sentences) and torch.get_num_threads() == 4
+        threads_used = {thread for thread, _, _ in seen}
+        assert len(threads_used) == 2 and threading.get_ident() not in threads_used
+        assert {(threads, autocast) for _, threads, autocast in seen} == {(2, False)}
+        seen.clear()
+        barrier.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert translator.translate_nbest(sentences) == expected_bf16
+        assert {autocast for _, _, autocast in seen} == {True}
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="inter_threads"):
+        Translator(model, tokenizer, cfg, inter_threads=0)
 
 
 def test_attention_for_and_heatmap_image(model, tokenizer) -> None:  # noqa: ANN001
