@@ -137,11 +137,19 @@ def load_for_inference(path: str | Path, device: str | torch.device = "cpu") -> 
     """Checkpoint file or run dir -> (model on `device`, tokenizer, raw checkpoint)."""
     ckpt = load_checkpoint(path)
     model = build_model(ckpt).to(device)
+    return InferenceBundle(model, stored_tokenizer(ckpt, path), ckpt)
+
+
+def stored_tokenizer(ckpt: dict[str, Any], path: str | Path) -> Tokenizer:
+    """The tokenizer inside a loaded checkpoint (`path` names it in the error).
+
+    Building no model runs no torch op: what a process that hosts CTranslate2 needs, since a
+    torch op there makes the OpenMP runtime they share slow CTranslate2 down (see
+    `evaluation.peers.ct2_from_folder`)."""
     try:
-        tokenizer = Tokenizer.from_state_dict(ckpt["tokenizer"])
+        return Tokenizer.from_state_dict(ckpt["tokenizer"])
     except (DataError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"the tokenizer stored in {path} is unusable ({e}); "
             "use a checkpoint written by train.py"
         ) from None
-    return InferenceBundle(model, tokenizer, ckpt)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -56,7 +57,6 @@ from common.errors import UserError
 from data.batching import encode_source_batch
 from data.tokenizer import SpecialIds, Tokenizer
 from decoding.config import SearchConfig
-from decoding.search import max_lengths
 from decoding.translator import Translator
 from model import ModelConfig, Transformer, sinusoid_table
 
@@ -524,15 +524,26 @@ def ct2_translate(
     BOS/EOS. `target_ids` (piece -> id, `ct2_target_ids`) may be passed to build it once;
     `overrides` replace `translate_batch` options (benchmarks: `min_decoding_length`)."""
     target_ids = target_ids or ct2_target_ids(tokenizer)
-    options = {
+    options = ct2_batch_options(tokenizer, cfg, batch_size, max_decoding_length, **overrides)
+    results = translator.translate_batch([tokenizer.src_pieces(ids) for ids in src_ids], **options)
+    return [[target_ids[piece] for piece in r.hypotheses[0]] for r in results]
+
+
+def ct2_batch_options(
+    tokenizer: Tokenizer,
+    cfg: SearchConfig,
+    batch_size: int = 64,
+    max_decoding_length: int = 256,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """All `translate_batch` options of `ct2_translate` (`ct2_options` with the limits)."""
+    return {
         "max_decoding_length": max_decoding_length,
         "length_penalty": cfg.length_penalty,
         "max_batch_size": batch_size,
         **ct2_options(tokenizer, cfg.beam_size),
         **overrides,
     }
-    results = translator.translate_batch([tokenizer.src_pieces(ids) for ids in src_ids], **options)
-    return [[target_ids[piece] for piece in r.hypotheses[0]] for r in results]
 
 
 def ct2_target_ids(tokenizer: Tokenizer) -> dict[str, int]:
@@ -623,16 +634,16 @@ def _fp32_model(model: Transformer) -> Transformer:
 
 
 def budgets(src_ids: list[list[int]], special: SpecialIds, cfg: SearchConfig) -> list[int]:
-    """Our output budget of each sentence (`decoding.search.max_lengths`); 0 for an empty
-    source, which our search never decodes."""
-    out = [0] * len(src_ids)
-    real = [i for i, ids in enumerate(src_ids) if ids]
-    if real:
-        src = encode_source_batch([src_ids[i] for i in real], special)  # (B, S)
-        limits = max_lengths(src, special, cfg.max_len_a, cfg.max_len_b).tolist()  # (B,)
-        for i, limit in zip(real, limits, strict=True):
-            out[i] = limit
-    return out
+    """Our output budget of each sentence (`decoding.search.max_lengths`, the same float64
+    arithmetic, in Python: no torch op, see `evaluation.peers.ct2_from_folder`); 0 for an
+    empty source, which our search never decodes."""
+    not_counted = {special.pad, special.eos}
+    return [
+        math.floor(sum(i not in not_counted for i in ids) * cfg.max_len_a + cfg.max_len_b)
+        if ids
+        else 0
+        for ids in src_ids
+    ]
 
 
 def _by_budget(

@@ -45,32 +45,47 @@ from common.errors import UserError
 from data.tokenizer import Tokenizer
 from decoding import export
 from decoding.config import SearchConfig
-from decoding.translator import length_sorted_batches
+from decoding.translator import Translator, length_sorted_batches
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
-BatchSearch = Callable[[list[list[int]], SearchConfig, int], list[list[int]]]
+BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
 
 
 # ----------------------------------------------------------------------------- systems
 
 
-def ours_system(model: Any, tokenizer: Tokenizer) -> Search:
-    """Our search as `translate.py` runs it."""
-    return lambda src_ids, cfg: export.our_search_ids(model, tokenizer, src_ids, cfg)
+def ours_system(model: Any, tokenizer: Tokenizer, inter_threads: int = 1) -> Search:
+    """Our search as `translate.py` runs it (`--inter-threads inter_threads`)."""
+    if inter_threads == 1:
+        return lambda src_ids, cfg: export.our_search_ids(model, tokenizer, src_ids, cfg)
+    translators: dict[str, Translator] = {}  # one per SearchConfig: each keeps its threads
+
+    def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
+        key = repr(cfg)
+        if key not in translators:
+            translators[key] = Translator(model, tokenizer, cfg, inter_threads=inter_threads)
+        return [nbest[0].tokens for nbest in translators[key].search_ids(src_ids)]
+
+    return search
 
 
-def batched(tokenizer: Tokenizer, search_batch: BatchSearch) -> Search:
+def batched(tokenizer: Tokenizer, search_batch: BatchSearch, pipelined: bool = False) -> Search:
     """A peer's search over ours' batches: `search_batch(batch, cfg, budget)` per batch, with
-    the batch's largest budget; [] for an empty source (ours never decodes one)."""
+    the batch's largest budget; [] for an empty source (ours never decodes one). `pipelined`:
+    `search_batch` only submits its batch and returns a function that waits for the ids; every
+    batch is submitted before the first wait."""
     special = tokenizer.special
 
     def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
         limits = export.budgets(src_ids, special, cfg)
         results: list[list[int]] = [[] for _ in src_ids]
-        for chunk in length_sorted_batches(src_ids, cfg.batch_size):
-            batch = [src_ids[i] for i in chunk]
-            out = search_batch(batch, cfg, max(limits[i] for i in chunk))
-            for i, ids in zip(chunk, out, strict=True):
+        chunks = length_sorted_batches(src_ids, cfg.batch_size)
+        outs = [
+            search_batch([src_ids[i] for i in chunk], cfg, max(limits[i] for i in chunk))
+            for chunk in chunks
+        ]
+        for chunk, out in zip(chunks, outs, strict=True):
+            for i, ids in zip(chunk, out() if pipelined else out, strict=True):
                 results[i] = ids
         return results
 
@@ -88,20 +103,35 @@ def transformers_system(model: Any, tokenizer: Tokenizer) -> Search:
     )
 
 
-def ct2_system(folder: Path, tokenizer: Tokenizer, threads: int = 0) -> Search:
+def ct2_system(
+    folder: Path, tokenizer: Tokenizer, threads: int = 0, inter_threads: int = 1
+) -> Search:
     """A `ctranslate2.Translator` on an `export_ct2` folder, `threads` intra-op threads (0:
-    CTranslate2's default), one batch at a time."""
+    CTranslate2's default), one batch at a time; or with `inter_threads` > 1, that many
+    batches at once on `threads // inter_threads` threads each (every batch submitted with
+    `asynchronous=True`, then the results collected in order)."""
     ctranslate2 = export.require("ctranslate2")
-    options = {"intra_threads": threads} if threads else {}
-    translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=1, **options)
+    intra = max(1, threads // inter_threads) if threads else 0
+    options = {"intra_threads": intra} if intra else {}
+    translator = ctranslate2.Translator(
+        str(folder), device="cpu", inter_threads=inter_threads, **options
+    )
     target_ids = export.ct2_target_ids(tokenizer)
+    if inter_threads == 1:
 
-    def search_batch(batch: list[list[int]], cfg: SearchConfig, budget: int) -> list[list[int]]:
-        return export.ct2_translate(
-            translator, tokenizer, batch, cfg, len(batch), budget, target_ids
-        )
+        def search_batch(batch: list[list[int]], cfg: SearchConfig, budget: int) -> list[list[int]]:
+            return export.ct2_translate(
+                translator, tokenizer, batch, cfg, len(batch), budget, target_ids
+            )
 
-    return batched(tokenizer, search_batch)
+        return batched(tokenizer, search_batch)
+
+    def submit(batch: list[list[int]], cfg: SearchConfig, budget: int) -> Callable:
+        options = export.ct2_batch_options(tokenizer, cfg, len(batch), budget, asynchronous=True)
+        pending = translator.translate_batch([tokenizer.src_pieces(i) for i in batch], **options)
+        return lambda: [[target_ids[p] for p in r.result().hypotheses[0]] for r in pending]
+
+    return batched(tokenizer, submit, pipelined=True)
 
 
 # ------------------------------------------------------------- one process per system
@@ -130,12 +160,12 @@ class Isolated:
     threads: int = 0
 
 
-def ours_from_checkpoint(path: str, quantize: str = "none") -> Search:
+def ours_from_checkpoint(path: str, quantize: str = "none", inter_threads: int = 1) -> Search:
     """`ours_system` on a checkpoint loaded as `translate.py` loads it."""
     from decoding.ensemble import load_ensemble
 
     model, tokenizer = load_ensemble([path], "cpu", quantize)
-    return ours_system(model, tokenizer)
+    return ours_system(model, tokenizer, inter_threads)
 
 
 def transformers_from_checkpoint(path: str) -> Search:
@@ -146,12 +176,19 @@ def transformers_from_checkpoint(path: str) -> Search:
     return transformers_system(model, tokenizer)
 
 
-def ct2_from_folder(folder: str, checkpoint: str, threads: int = 0) -> Search:
-    """`ct2_system` on an `export_ct2` folder, with the tokenizer stored in `checkpoint`."""
-    from decoding.checkpoint import load_for_inference
+def ct2_from_folder(
+    folder: str, checkpoint: str, threads: int = 0, inter_threads: int = 1
+) -> Search:
+    """`ct2_system` on an `export_ct2` folder, with the tokenizer stored in `checkpoint`.
 
-    _, tokenizer, _ = load_for_inference(checkpoint, "cpu")
-    return ct2_system(Path(folder), tokenizer, threads)
+    Runs no torch op (no model is built): in a process where torch has run a parallel op,
+    CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-327 on
+    512 test2016 sentences (`import torch` alone: no change; 2026-11-23, this VM), the other
+    side of the shared OpenMP runtime described under `Isolated`."""
+    from decoding.checkpoint import load_checkpoint, stored_tokenizer
+
+    tokenizer = stored_tokenizer(load_checkpoint(checkpoint), checkpoint)
+    return ct2_system(Path(folder), tokenizer, threads, inter_threads)
 
 
 def _serve(conn: Any, spec: Isolated, src_ids: list[list[int]]) -> None:

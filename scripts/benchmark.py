@@ -693,12 +693,18 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         raise UserError(f"--src {args.src} has no sentences")
     src_ids = tokenizer.encode_src([line.strip() for line in lines])
     cfgs = [Config(beam_size=beam, batch_size=args.decode_batch) for beam in args.beams]
-    threads = torch.get_num_threads()
+    threads, inter = torch.get_num_threads(), args.inter_threads
+    parallel = (
+        f" ({inter} batches at once, {max(1, threads // inter)} thread(s) each; transformers "
+        "one batch at a time)"
+        if inter > 1
+        else ""
+    )
     print(
         f"{path}: {len(src_ids)} sentences of {args.src}; searches "
         f"{', '.join(peers.search_name(b) for b in args.beams)} (translate.py's defaults: "
         f"budget int({cfgs[0].max_len_a} * src_len + {cfgs[0].max_len_b}), length penalty "
-        f"{cfgs[0].length_penalty}), batches of {args.decode_batch}, {threads} threads; "
+        f"{cfgs[0].length_penalty}), batches of {args.decode_batch}, {threads} threads{parallel}; "
         f"torch {torch.__version__}, transformers {transformers_version() or 'not installed'}, "
         f"ctranslate2 {ctranslate2_version() or 'not installed'}; 1 warm-up batch, "
         f"{args.repeats} interleaved repeats, ids in and out (SentencePiece not timed), each "
@@ -706,8 +712,12 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     )
     # each system in a process of its own, as users run them (see `peers.Isolated`)
     systems: dict[str, peers.Isolated] = {
-        ATTNMT: peers.Isolated(peers.ours_from_checkpoint, (str(path), "none"), threads),
-        ATTNMT_INT8: peers.Isolated(peers.ours_from_checkpoint, (str(path), "int8"), threads),
+        ATTNMT: peers.Isolated(
+            peers.ours_from_checkpoint, (str(path), "none", args.inter_threads), threads
+        ),
+        ATTNMT_INT8: peers.Isolated(
+            peers.ours_from_checkpoint, (str(path), "int8", args.inter_threads), threads
+        ),
     }
     skipped = {}
     if MARIAN in args.peers:
@@ -725,7 +735,9 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
                 folder = Path(tmp) / quantization
                 export.export_ct2(model, tokenizer, folder, quantization)
                 systems[name] = peers.Isolated(
-                    peers.ct2_from_folder, (str(folder), str(path), threads), threads
+                    peers.ct2_from_folder,
+                    (str(folder), str(path), threads, args.inter_threads),
+                    threads,
                 )
         for name, reason in skipped.items():
             print(f"{name}: skipped: {reason}")
@@ -749,7 +761,8 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         "meta": {
             "checkpoint": str(path), "src": str(args.src), "ref": str(args.ref) if refs else None,
             "sentences": len(src_ids), "beams": args.beams, "batch": args.decode_batch,
-            "threads": threads, "repeats": args.repeats, "torch": torch.__version__,
+            "threads": threads, "inter_threads": args.inter_threads,
+            "repeats": args.repeats, "torch": torch.__version__,
             "transformers": transformers_version(), "ctranslate2": ctranslate2_version(),
             "device_name": platform.processor() or platform.machine(),
             "platform": platform.platform(), "skipped": skipped,
@@ -939,6 +952,15 @@ def build_parser() -> argparse.ArgumentParser:
     real.add_argument("--src", type=Path, default=None, help="source sentences, one a line")
     real.add_argument("--ref", type=Path, default=None, help="references: sacreBLEU per cell")
     real.add_argument("--limit", type=int, default=0, help="first N sentences only (0: all)")
+    real.add_argument(
+        "--inter-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="ours (translate.py --inter-threads N) and CTranslate2 (inter_threads=N) search N "
+        "batches at once, the threads divided among them; transformers has no such mode and "
+        "searches one batch at a time (default: 1)",
+    )
     return p
 
 
@@ -949,6 +971,10 @@ def resolve_defaults(args: argparse.Namespace) -> None:
         )
     if args.ref is not None and args.run is None:
         raise UserError("--ref needs --run and --src")
+    if args.inter_threads < 1:
+        raise UserError(f"--inter-threads must be >= 1, got {args.inter_threads}")
+    if args.inter_threads > 1 and args.run is None:
+        raise UserError("--inter-threads needs --run and --src (real sentences)")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats is not None and args.repeats < 1:

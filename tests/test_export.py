@@ -145,6 +145,24 @@ def hf_folder(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return out
 
 
+def test_budgets_equal_the_searchs_max_lengths() -> None:
+    """`budgets` (plain Python, so that a CTranslate2 process runs no torch op) gives
+    `max_lengths`' float64 budgets, eos and pad not counted, 0 for an empty source."""
+    from data.tokenizer import SpecialIds
+    from decoding.search import max_lengths
+
+    special = SpecialIds()
+    gen = torch.Generator().manual_seed(0)
+    first = max(vars(special).values()) + 1
+    src_ids = [torch.randint(first, 50, (n,), generator=gen).tolist() for n in range(1, 60)]
+    src_ids[3] = src_ids[3] + [special.eos]  # counted by neither
+    for a, b in ((1.2, 10), (0.1, 0), (1 / 3, 2), (0.7, 5), (0.0, 0)):
+        cfg = SearchConfig(max_len_a=a, max_len_b=b)
+        want = max_lengths(encode_source_batch(src_ids, special), special, a, b).tolist()
+        assert ex.budgets(src_ids, special, cfg) == want, (a, b)
+        assert ex.budgets([[], src_ids[0]], special, cfg) == [0, want[0]]
+
+
 def test_hf_export_writes_a_complete_folder(hf_folder: Path) -> None:
     names = {p.name for p in hf_folder.iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "source.spm"} <= names
