@@ -21,6 +21,7 @@ import torch
 from common.errors import UserError
 from decoding import SearchConfig, beam_search, greedy_search
 from decoding.checkpoint import model_payload, save_checkpoint
+from decoding.translator import length_sorted_batches
 from decoding.uncached import UncachedModel
 from tests.helpers_decoding import (
     PAIRS,
@@ -250,6 +251,13 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
         ct2 = peers.ct2_system(Path(tmp), tokenizer, threads=1)(src_ids, cfg)
         hf = peers.transformers_system(model, tokenizer)(src_ids, cfg)
         ours = peers.ours_system(model, tokenizer)(src_ids, cfg)
+        # two batches at once (benchmark.py --inter-threads 2): the same ids, in input order
+        assert peers.ours_system(model, tokenizer, inter_threads=2)(src_ids, cfg) == ours
+        with pytest.MonkeyPatch.context() as patch:  # the CTranslate2 side builds no model
+            patch.setattr("decoding.checkpoint.build_model", pytest.fail)
+            ct2_inter = peers.ct2_from_folder(tmp, str(run / "checkpoints" / "best.pt"), 2, 2)
+        assert ct2_inter(src_ids, cfg) == ct2
+    assert len(length_sorted_batches(src_ids, cfg.batch_size)) > 2
     budgets = export.budgets(src_ids, tokenizer.special, cfg)
     ended = [
         i for i, (ids, budget) in enumerate(zip(ours, budgets, strict=True)) if len(ids) < budget
