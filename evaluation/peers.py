@@ -7,11 +7,12 @@ each sentence, without BOS/EOS, in input order:
 * ours (`ours_system`): `Translator.search_ids`, the search `translate.py` runs (length-sorted
   batches of `cfg.batch_size`, each sentence its own budget `int(max_len_a * src_len +
   max_len_b)`), on a model loaded as `translate.py` loads it (`decoding.ensemble.load_ensemble`,
-  also with `quantize="int8"`);
+  also with `quantize="int8"`), with `inter_threads` batches at once as `--inter-threads`;
 * transformers (`transformers_system`): `MarianMTModel.generate` on our weights
   (`decoding.export.to_marian`, sdpa attention);
 * CTranslate2 (`ct2_system`): a `ctranslate2.Translator` on a folder written by
-  `decoding.export.export_ct2` (float32 or int8), searching with `ct2_options`.
+  `decoding.export.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
+  at a time or `inter_threads` at once (asynchronous `translate_batch` calls).
 
 The peers get the batches ours searches (`length_sorted_batches`: the same sentences together,
 longest first), one `generate` / `translate_batch` call per batch with the largest budget of
