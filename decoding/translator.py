@@ -145,8 +145,7 @@ class Translator:
             with context():
                 return self._search([src_ids[i] for i in chunk])
 
-        torch.set_num_threads(intra)
-        try:
+        try:  # the workers' set_num_threads changes torch's process-wide count too
             yield from self._pool.map(search, batches)
         finally:
             torch.set_num_threads(threads)

@@ -57,9 +57,7 @@ BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a w
 
 def ours_system(model: Any, tokenizer: Tokenizer, inter_threads: int = 1) -> Search:
     """Our search as `translate.py` runs it (`--inter-threads inter_threads`)."""
-    if inter_threads == 1:
-        return lambda src_ids, cfg: export.our_search_ids(model, tokenizer, src_ids, cfg)
-    translators: dict[str, Translator] = {}  # one per SearchConfig: each keeps its threads
+    translators: dict[str, Translator] = {}  # one per SearchConfig (each keeps its threads)
 
     def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
         key = repr(cfg)
@@ -107,10 +105,11 @@ def transformers_system(model: Any, tokenizer: Tokenizer) -> Search:
 def ct2_system(
     folder: Path, tokenizer: Tokenizer, threads: int = 0, inter_threads: int = 1
 ) -> Search:
-    """A `ctranslate2.Translator` on an `export_ct2` folder, `threads` intra-op threads (0:
-    CTranslate2's default), one batch at a time; or with `inter_threads` > 1, that many
-    batches at once on `threads // inter_threads` threads each (every batch submitted with
-    `asynchronous=True`, then the results collected in order)."""
+    """A `ctranslate2.Translator` on an `export_ct2` folder searching `inter_threads` batches
+    at once (1: one at a time) on `threads // inter_threads` intra-op threads each (`threads`
+    0: CTranslate2's default). Every batch is submitted with `asynchronous=True`, then the
+    results are collected in order; with one worker CTranslate2 runs them one after the
+    other."""
     ctranslate2 = export.require("ctranslate2")
     intra = max(1, threads // inter_threads) if threads else 0
     options = {"intra_threads": intra} if intra else {}
@@ -118,14 +117,6 @@ def ct2_system(
         str(folder), device="cpu", inter_threads=inter_threads, **options
     )
     target_ids = export.ct2_target_ids(tokenizer)
-    if inter_threads == 1:
-
-        def search_batch(batch: list[list[int]], cfg: SearchConfig, budget: int) -> list[list[int]]:
-            return export.ct2_translate(
-                translator, tokenizer, batch, cfg, len(batch), budget, target_ids
-            )
-
-        return batched(tokenizer, search_batch)
 
     def submit(batch: list[list[int]], cfg: SearchConfig, budget: int) -> Callable:
         options = export.ct2_batch_options(tokenizer, cfg, len(batch), budget, asynchronous=True)
@@ -183,7 +174,7 @@ def ct2_from_folder(
     """`ct2_system` on an `export_ct2` folder, with the tokenizer stored in `checkpoint`.
 
     Runs no torch op (no model is built): in a process where torch has run a parallel op,
-    CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-327 on
+    CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-341 on
     512 test2016 sentences (`import torch` alone: no change; 2026-11-23, this VM), the other
     side of the shared OpenMP runtime described under `Isolated`."""
     from decoding.checkpoint import load_checkpoint, stored_tokenizer

@@ -5,6 +5,8 @@ Times ours (`translate.py`'s search, greedy) `--repeats` times, then CTranslate2
 the same sentences, then ours again, all in this one process, and prints sentences/s of
 each call with the CPU time of every thread that worked (from /proc, Linux): with a shared
 OpenMP runtime, torch's worker threads go from busy the whole call to sleeping part of it.
+The CTranslate2 figures it prints are slowed the other way (torch has run here first: see
+`evaluation.peers.ct2_from_folder`); they are not CTranslate2's speed.
 
     python scripts/check_peer_interference.py -c RUN_DIR --src test.en --limit 512
 """
