@@ -166,6 +166,8 @@ class KVCache:
         self._v: Tensor | None = None
         self._spare: tuple[Tensor, Tensor] | None = None  # buffers the next reorder writes to
         self.cross_k, self.cross_v = cross_k, cross_v
+        # (B, H, 1, S) 0 / -inf: the source mask as a score bias (`DecoderLayer.step`)
+        self.cross_bias: Tensor | None = None
         if self_k is not None and self_v is not None:
             self.append(self_k, self_v)
 
@@ -228,6 +230,8 @@ class KVCache:
         if self.cross_k is not None and self.cross_v is not None:
             self.cross_k = self.cross_k.index_select(0, sentences)
             self.cross_v = self.cross_v.index_select(0, sentences)
+        if self.cross_bias is not None:
+            self.cross_bias = self.cross_bias.index_select(0, sentences)
 
 
 class MultiHeadAttention(nn.Module):
@@ -284,9 +288,13 @@ class MultiHeadAttention(nn.Module):
 
     def project_q(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dh)."""
+        return self._split_heads(self.project_q_rows(x), 1)[0]
+
+    def project_q_rows(self, x: Tensor) -> Tensor:
+        """(..., D) -> (..., D): the query projection, heads not split."""
         if self.q_proj is not None:
-            return self._split_heads(self.q_proj(x), 1)[0]
-        return self._split_heads(self._in_proj_rows(x, 0, self.d_model), 1)[0]
+            return self.q_proj(x)
+        return self._in_proj_rows(x, 0, self.d_model)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) -> k, v, each (B, H, S, Dh)."""

@@ -9,8 +9,10 @@ stably and needs a final LayerNorm after the stack (see `transformer.py`).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -104,6 +106,72 @@ class DecoderLayer(_ResidualLayer):
         x = self.residual(x, cross_out.output, 1)
         x = self.residual(x, self.feed_forward(self.sublayer_input(x, 2)), 2)
         return LayerOutput(x, self_out.weights, cross_out.weights)
+
+    def step(self, x: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache) -> Tensor:
+        """`forward` for one new token per row on a KV cache, at inference (no dropout, no
+        weights): x (N, D) -> (N, D), N = B * K rows as in `forward`; memory (B, S, D);
+        src_mask (B, S) bool.
+
+        The same function as `forward` with T = 1 (tested equal up to float rounding), in fewer
+        tensor ops and Python calls: 2-D rows, the heads folded into the batch of `bmm`, the
+        source mask a score bias added inside the matmul (`baddbmm`), kept in the cache with
+        the cross K/V. On 512 test2016 sentences, 2 threads, it searched 1.08x (greedy) and
+        1.06x (beam 5) as fast as `forward`, with the same outputs (README, Benchmarks).
+        """
+        x = self.residual(x, self._self_step(self.sublayer_input(x, 0), cache), 0)
+        x = self.residual(
+            x, self._cross_step(self.sublayer_input(x, 1), memory, src_mask, cache), 1
+        )
+        return self.residual(x, self.feed_forward(self.sublayer_input(x, 2)), 2)
+
+    def _self_step(self, h: Tensor, cache: KVCache) -> Tensor:
+        """h (N, D) -> self-attention output (N, D); appends this position's K/V to `cache`."""
+        attn = self.self_attn
+        N, D, H, Dh = h.size(0), attn.d_model, attn.n_heads, attn.d_head
+        if attn.in_proj is None:  # split (int8): two matmuls
+            q, kv = attn.q_proj(h), attn.kv_proj(h)  # (N, D), (N, 2D)
+        else:
+            qkv = attn.in_proj(h)  # (N, 3D)
+            q, kv = qkv[:, :D], qkv[:, D:]
+        k, v = cache.append(
+            kv[:, :D].view(N, H, 1, Dh), kv[:, D:].view(N, H, 1, Dh)
+        )  # (N, H, t, Dh)
+        t = k.size(2)
+        q = (q * (1.0 / math.sqrt(Dh))).view(N * H, 1, Dh)  # the copy makes it contiguous
+        scores = torch.bmm(q, k.reshape(N * H, t, Dh).transpose(1, 2))  # (N * H, 1, t)
+        context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(N * H, t, Dh))
+        return attn.out_proj(context.view(N, D))
+
+    def _cross_step(self, h: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache) -> Tensor:
+        """h (N, D), N = B * K -> encoder-decoder attention output (N, D). The K rows of a
+        sentence attend together, as K queries per head, to its one set of keys and values."""
+        attn = self.cross_attn
+        if cache.cross_k is None or cache.cross_v is None:  # the first step: once per sentence
+            k, v = attn.project_kv(memory)  # (B, H, S, Dh)
+            cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
+        k, v = cache.cross_k, cache.cross_v
+        B, H, S, Dh = k.shape
+        if cache.cross_bias is None:  # (B, H, 1, S): 0 where a key may be seen, -inf where not
+            bias = torch.zeros(B, 1, 1, S, dtype=k.dtype, device=k.device)
+            bias.masked_fill_(~src_mask.view(B, 1, 1, S), float("-inf"))
+            cache.cross_bias = bias.expand(B, H, 1, S).contiguous()
+        N, D = h.shape
+        if N % B:
+            raise ValueError(f"{N} decoder rows do not split evenly over {B} sentences")
+        K = N // B
+        q = (
+            attn.project_q_rows(h).view(B, K, H, Dh).transpose(1, 2).reshape(B * H, K, Dh)
+        )  # a copy only when K > 1
+        scores = torch.baddbmm(
+            cache.cross_bias.view(B * H, 1, S),
+            q,
+            k.reshape(B * H, S, Dh).transpose(1, 2),
+            alpha=1.0 / math.sqrt(Dh),
+        )  # (B * H, K, S)
+        context = torch.bmm(
+            torch.softmax(scores, dim=-1), v.reshape(B * H, S, Dh)
+        )  # (B * H, K, Dh)
+        return attn.out_proj(context.view(B, H, K, Dh).transpose(1, 2).reshape(N, D))
 
     def _self_attention(
         self, h: Tensor, cache: KVCache | None, need_weights: bool

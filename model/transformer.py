@@ -74,6 +74,13 @@ class Decoder(nn.Module):
             return StackOutput(self.final_norm(x), None, None)
         return StackOutput(self.final_norm(x), self_weights, cross_weights)
 
+    def step(self, x: Tensor, memory: Tensor, src_mask: Tensor, caches: list[KVCache]) -> Tensor:
+        """One new token per row, at inference (`DecoderLayer.step`): x (N, D) -> (N, D);
+        src_mask (B, S) bool."""
+        for layer, cache in zip(self.layers, caches, strict=True):
+            x = layer.step(x, memory, src_mask, cache)
+        return self.final_norm(x)
+
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer for translation.
@@ -148,6 +155,9 @@ class Transformer(nn.Module):
         search's hypotheses), which share their sentence's memory row without copies of it.
         """
         x = self.positional(self.tgt_embed(tgt_ids) * self.embed_scale, offset)  # (B, T, D)
+        if caches is not None and x.size(1) == 1 and not self.training:  # a search step
+            hidden = self.decoder.step(x.squeeze(1), memory, src_mask, caches)  # (N, D)
+            return self.generator(hidden).unsqueeze(1)  # (N, 1, V)
         hidden = self.decoder(x, memory, src_mask[:, None, None, :], caches).hidden
         return self.generator(hidden)  # (B, T, V)
 
