@@ -19,6 +19,8 @@ Results equal `F.linear` up to float32 rounding (a different summation order), n
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -27,6 +29,14 @@ from torch import Tensor, nn
 def packing_available() -> bool:
     """Whether this torch build has oneDNN's packed linear kernels."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def _bf16_packing() -> bool:
+    """Whether oneDNN can pack bf16 weights here: it needs AVX-512 (BW, VL, DQ) or
+    AVX-NE-CONVERT, and raises on an AVX2-only CPU (AMD EPYC Zen 3, 2026-11-23), where bf16
+    autocast then takes `F.linear`."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Linear):
@@ -74,7 +84,12 @@ class PackedLinear(nn.Linear):
             torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else weight.dtype
         )
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        if needs_grad or x.device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        if (
+            needs_grad
+            or x.device.type != "cpu"
+            or dtype not in (torch.float32, torch.bfloat16)
+            or (dtype == torch.bfloat16 and not _bf16_packing())
+        ):
             bias = self.bias
             if rows is not None:
                 weight = weight[slice(*rows)]
