@@ -142,14 +142,19 @@ class DecoderLayer(_ResidualLayer):
         context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(N * H, t, Dh))
         return attn.out_proj(context.view(N, D))
 
+    def _cross_kv(self, memory: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
+        """The cross-attention K/V (B, H, S, Dh) of `cache`, computed from `memory` on the
+        first call (once per sentence), contiguous once, or every step's matmul copies them."""
+        if cache.cross_k is None or cache.cross_v is None:
+            k, v = self.cross_attn.project_kv(memory)
+            cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
+        return cache.cross_k, cache.cross_v
+
     def _cross_step(self, h: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache) -> Tensor:
         """h (N, D), N = B * K -> encoder-decoder attention output (N, D). The K rows of a
         sentence attend together, as K queries per head, to its one set of keys and values."""
         attn = self.cross_attn
-        if cache.cross_k is None or cache.cross_v is None:  # the first step: once per sentence
-            k, v = attn.project_kv(memory)  # (B, H, S, Dh)
-            cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
-        k, v = cache.cross_k, cache.cross_v
+        k, v = self._cross_kv(memory, cache)  # (B, H, S, Dh)
         B, H, S, Dh = k.shape
         if cache.cross_bias is None:  # (B, H, 1, S): 0 where a key may be seen, -inf where not
             bias = torch.zeros(B, 1, 1, S, dtype=k.dtype, device=k.device)
@@ -193,13 +198,10 @@ class DecoderLayer(_ResidualLayer):
         """h (N, T, D) with N = B * K: K consecutive rows (beams) per sentence of `memory`
         (B, S, D) and `src_mask` (B, 1, 1, S). The K rows' T queries attend together, as K * T
         queries of their sentence, to its one set of keys and values."""
-        if cache is not None and cache.cross_k is not None:
-            k, v = cache.cross_k, cache.cross_v  # computed once per sentence
+        if cache is not None:
+            k, v = self._cross_kv(memory, cache)
         else:
             k, v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
-            if cache is not None:  # contiguous once, or every step's matmul copies them
-                k, v = k.contiguous(), v.contiguous()
-                cache.cross_k, cache.cross_v = k, v
         N, T, D = h.shape
         B = k.size(0)
         if N != B:
