@@ -333,14 +333,39 @@ def test_ct2_int8_runs_and_mostly_agrees_and_force_replaces(
         got = ex.ct2_search_ids(
             translator, trained.tokenizer, trained.tokenizer.encode_src(SENTENCES), GREEDY
         )
-    same = sum(a == b for a, b in zip(got, trained.ours(), strict=True))
+    ours = trained.ours()
+    same = sum(a == b for a, b in zip(got, ours, strict=True))
     assert all(ids for ids in got), "CTranslate2 int8 gave an empty translation"
+    # On every CPU: our fp32 model must find int8's outputs far likelier than broken ones (the
+    # reversed outputs of ours). Per-token log-probs on AMD EPYC Zen 3 (AVX2, no VNNI),
+    # 2026-11-23: ours -0.22, int8 -1.80, reversed -7.58, random tokens -9.52.
+    src_ids = trained.tokenizer.encode_src(SENTENCES)
+    int8 = mean_token_logprob(trained, src_ids, got)
+    fp32 = mean_token_logprob(trained, src_ids, ours)
+    broken = mean_token_logprob(trained, src_ids, [ids[::-1] for ids in ours])
+    assert int8 > (fp32 + broken) / 2, f"int8 {int8:.2f}, fp32 {fp32:.2f}, reversed {broken:.2f}"
     if not _has_vnni():
         # Without VNNI, CTranslate2's u8s8 GEMM agreed with ours on 2/52 of this toy model's
         # outputs (AMD EPYC Zen 3, AVX2, 2026-11-23; >= 26/52 on Zen 4 with AVX512-VNNI):
         # the agreement bar below only holds where the int8 kernels are VNNI's.
         return
     assert same >= len(SENTENCES) // 2, f"int8 agrees on {same}/{len(SENTENCES)}"
+
+
+def mean_token_logprob(trained: Trained, src_ids: list[list[int]], hyps: list[list[int]]) -> float:
+    """Mean over sentences of the per-token log-probability (EOS included) that our fp32 model
+    gives each output `hyps[i]` (ids, no BOS/EOS) of source `src_ids[i]`, teacher-forced."""
+    special, model = trained.tokenizer.special, trained.model
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for src, hyp in zip(src_ids, hyps, strict=True):
+            tgt = torch.tensor([[special.bos, *hyp, special.eos]])
+            lprobs = F.log_softmax(model(torch.tensor([src]), tgt[:, :-1]).float(), dim=-1)
+            total += lprobs[0].gather(1, tgt[0, 1:, None]).mean().item()
+    model.train(was_training)
+    return total / len(hyps)
 
 
 def test_ct2_takes_pre_norm_and_untied_models(trained: Trained, tmp_path: Path) -> None:
