@@ -296,6 +296,14 @@ class MultiHeadAttention(nn.Module):
             return self.q_proj(x)
         return self._in_proj_rows(x, 0, self.d_model)
 
+    def project_qkv_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(..., D) -> q (..., D), k|v (..., 2D): the self-attention projections, heads not
+        split; one matmul (two when split)."""
+        if self.in_proj is None:
+            return self.q_proj(x), self.kv_proj(x)
+        qkv = self.in_proj(x)  # (..., 3D)
+        return qkv[..., : self.d_model], qkv[..., self.d_model :]
+
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) -> k, v, each (B, H, S, Dh)."""
         if self.kv_proj is not None:

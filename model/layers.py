@@ -22,6 +22,13 @@ from model.dropout import Dropout, dropout
 from model.packed import PackedLinear
 
 
+def rows_per_sentence(n_rows: int, n_sentences: int) -> int:
+    """K, the decoder rows (beams) per sentence, when `n_rows` = `n_sentences` * K."""
+    if n_rows % n_sentences:
+        raise ValueError(f"{n_rows} decoder rows do not split evenly over {n_sentences} sentences")
+    return n_rows // n_sentences
+
+
 class LayerOutput(NamedTuple):
     hidden: Tensor  # (B, T, D)
     self_attn: Tensor | None  # (B, H, T, T) when need_weights
@@ -128,11 +135,7 @@ class DecoderLayer(_ResidualLayer):
         """h (N, D) -> self-attention output (N, D); appends this position's K/V to `cache`."""
         attn = self.self_attn
         N, D, H, Dh = h.size(0), attn.d_model, attn.n_heads, attn.d_head
-        if attn.in_proj is None:  # split (int8): two matmuls
-            q, kv = attn.q_proj(h), attn.kv_proj(h)  # (N, D), (N, 2D)
-        else:
-            qkv = attn.in_proj(h)  # (N, 3D)
-            q, kv = qkv[:, :D], qkv[:, D:]
+        q, kv = attn.project_qkv_rows(h)  # (N, D), (N, 2D)
         k, v = cache.append(
             kv[:, :D].view(N, H, 1, Dh), kv[:, D:].view(N, H, 1, Dh)
         )  # (N, H, t, Dh)
@@ -161,9 +164,7 @@ class DecoderLayer(_ResidualLayer):
             bias.masked_fill_(~src_mask.view(B, 1, 1, S), float("-inf"))
             cache.cross_bias = bias.expand(B, H, 1, S).contiguous()
         N, D = h.shape
-        if N % B:
-            raise ValueError(f"{N} decoder rows do not split evenly over {B} sentences")
-        K = N // B
+        K = rows_per_sentence(N, B)
         q = (
             attn.project_q_rows(h).view(B, K, H, Dh).transpose(1, 2).reshape(B * H, K, Dh)
         )  # a copy only when K > 1
@@ -205,9 +206,8 @@ class DecoderLayer(_ResidualLayer):
         N, T, D = h.shape
         B = k.size(0)
         if N != B:
-            if N % B:
-                raise ValueError(f"{N} decoder rows do not split evenly over {B} sentences")
-            h = h.reshape(B, N // B * T, D)  # (B, K * T, D): queries are independent
+            # (B, K * T, D): queries are independent
+            h = h.reshape(B, rows_per_sentence(N, B) * T, D)
         q = self.cross_attn.project_q(h)  # (B, H, K * T, Dh)
         out = self.cross_attn.attend(q, k, v, mask=src_mask, need_weights=need_weights)
         if N == B:
