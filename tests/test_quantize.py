@@ -78,6 +78,24 @@ def test_split_in_proj_changes_nothing() -> None:
         torch.testing.assert_close(attn(query).output, self_, atol=1e-6, rtol=0.0)
 
 
+def test_split_projections_decode_step_by_step_as_the_full_pass(tiny_model) -> None:
+    # Every attention split (int8 splits only cross-attention): the one-token step path
+    # (`DecoderLayer.step`) must take q and k|v from the two modules as the fused one does.
+    model = tiny_model(seed=0, dropout=0.0).eval()
+    src, tgt = sources_and_targets()
+    src_mask = padding_mask(src, SPECIAL.pad)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory, src_mask)
+        for layer in model.decoder.layers:
+            layer.self_attn.split_in_proj()
+            layer.cross_attn.split_in_proj()
+        caches = model.new_caches()
+        for i in range(tgt.size(1)):
+            step = model.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
+
+
 def test_int8_is_refused_off_the_cpu_and_with_autocast() -> None:
     cli.check_quantize("none", "cuda", "bf16")
     cli.check_quantize("int8", "cpu", "fp32")
