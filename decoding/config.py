@@ -43,7 +43,7 @@ class SearchConfig:
     )
     max_len_b: int = _option(10, "see max_len_a", 0)
     nbest: int = _option(1, "hypotheses returned per sentence, best first (<= beam_size)", 1)
-    batch_size: int = _option(64, "sentences per search batch", 1)
+    batch_size: int = _option(64, "sentences per search batch (greedy: sentences in flight)", 1)
 
     def __post_init__(self) -> None:
         for f in fields(self):

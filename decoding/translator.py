@@ -13,10 +13,13 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from data.batching import encode_source_batch
 from data.tokenizer import Tokenizer
+from decoding.continuous import continuous_greedy_search
 from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
+from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +44,9 @@ class Translator:
     """Translates lists of sentences with greedy or beam search (`search_cfg.beam_size`).
 
     Sentences are sorted by length and searched in batches of `search_cfg.batch_size`, so
-    that padding stays small; results come back in input order. Empty (or whitespace-only)
+    that padding stays small; results come back in input order. Greedy search (one float
+    model, `inter_threads` 1) keeps `batch_size` sentences in flight instead: a finished
+    sentence's row takes the next one at once (`decoding.continuous`), with the same outputs. Empty (or whitespace-only)
     sentences give empty translations without reaching the model. The model is put in eval
     mode while translating and restored afterwards, so a trainer can call this mid-training.
 
@@ -117,6 +122,16 @@ class Translator:
         n_empty = len(src_ids) - sum(len(chunk) for chunk in batches)
         if progress is not None and n_empty:
             progress(n_empty)
+        if self._continuous():
+            order = [i for chunk in batches for i in chunk]
+            with self._eval_mode():
+                found = continuous_greedy_search(
+                    self.model, [src_ids[i] for i in order], self.tokenizer.special,
+                    self.search_cfg, progress,
+                )  # fmt: skip
+            for i, nbest in zip(order, found, strict=True):
+                results[i] = nbest
+            return results
         with self._eval_mode():
             for chunk, found in zip(batches, self._search_all(src_ids, batches), strict=True):
                 for i, nbest in zip(chunk, found, strict=True):
@@ -124,6 +139,22 @@ class Translator:
                 if progress is not None:
                     progress(len(chunk))
         return results
+
+    def _continuous(self) -> bool:
+        """Whether greedy search runs with continuous batching (`decoding.continuous`): one
+        float Transformer (not an ensemble, not int8), one batch at a time.
+
+        Not int8: dynamic quantization scales activations per batch, so a row's output
+        depends on the rows beside it, which continuous batching changes at every step. On
+        test2016 (default checkpoint, 2026-11-23) int8 greedy BLEU went from 37.95 to 37.82
+        with it, against 38.15 in fp32 (identical ids in fp32): past the 0.3 allowed.
+        """
+        return (
+            self.search_cfg.beam_size == 1
+            and self.inter_threads == 1
+            and isinstance(self.model, Transformer)
+            and not any(isinstance(m, DynamicQuantizedLinear) for m in self.model.modules())
+        )
 
     def _search_all(
         self, src_ids: list[list[int]], batches: list[list[int]]

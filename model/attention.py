@@ -168,6 +168,9 @@ class KVCache:
         self.cross_k, self.cross_v = cross_k, cross_v
         # (B, H, 1, S) 0 / -inf: the source mask as a score bias (`DecoderLayer.step`)
         self.cross_bias: Tensor | None = None
+        # (N * H, 1, t) 0 / -inf, or None: which cached positions each row's query may see,
+        # for rows at different positions (`decoding.continuous`); None: all t of them
+        self.self_bias: Tensor | None = None
         if self_k is not None and self_v is not None:
             self.append(self_k, self_v)
 

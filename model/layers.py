@@ -141,7 +141,11 @@ class DecoderLayer(_ResidualLayer):
         )  # (N, H, t, Dh)
         t = k.size(2)
         q = (q * (1.0 / math.sqrt(Dh))).view(N * H, 1, Dh)  # the copy makes it contiguous
-        scores = torch.bmm(q, k.reshape(N * H, t, Dh).transpose(1, 2))  # (N * H, 1, t)
+        keys = k.reshape(N * H, t, Dh).transpose(1, 2)
+        if cache.self_bias is None:
+            scores = torch.bmm(q, keys)  # (N * H, 1, t)
+        else:  # rows at different positions: each sees its own past only
+            scores = torch.baddbmm(cache.self_bias, q, keys)
         context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(N * H, t, Dh))
         return attn.out_proj(context.view(N, D))
 

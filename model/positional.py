@@ -45,6 +45,13 @@ class SinusoidalPositionalEncoding(nn.Module):
             size *= 2
         self.table = sinusoid_table(size, self.d_model).to(self.table.device)
 
+    def rows(self, positions: Tensor, end: int) -> Tensor:
+        """The table's rows at `positions` (N,) long, all below `end` -> (N, D): one position
+        per row, for rows at different positions (`end` given so that no value is read back)."""
+        if end > self.table.size(0):
+            self._grow(end)
+        return self.table.index_select(0, positions)
+
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x: (B, T, D) embeddings of positions offset..offset+T-1 -> (B, T, D)."""
         end = offset + x.size(1)

@@ -23,9 +23,11 @@ import torch
 import translate
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
+from decoding import translator as translator_module
 from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.ensemble import Ensemble
 from decoding.plot import heatmap_image, heatmap_tensor
+from model.quantize import quantize_dynamic_int8
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -333,6 +335,44 @@ def test_translator_order_empty_lines_and_training_mode(model, tokenizer) -> Non
     assert model.training, "the caller's mode is restored"
     model.eval()
     assert small == big
+
+
+def test_greedy_translator_searches_with_continuous_batching(
+    model,
+    tokenizer,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+) -> None:
+    """Greedy search through `Translator` (one Transformer, one batch at a time) runs with
+    continuous batching, with the n-best lists (scores to float rounding) of batch-by-batch
+    search and progress counts that add up, empty sentences included."""
+    sentences = ["Die Sonne scheint.", "", "Ein Mann spielt Gitarre.", "Es regnet.",
+                 "Zwei Hunde laufen im Park.", "Eine Frau liest."]  # fmt: skip
+    cfg = SearchConfig(beam_size=1, batch_size=2)
+    calls: list[int] = []
+    real = translator_module.continuous_greedy_search
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(len(args[1]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(translator_module, "continuous_greedy_search", spy)
+    done: list[int] = []
+    got = Translator(model, tokenizer, cfg).translate_nbest(sentences, progress=done.append)
+    assert calls == [5] and sum(done) == len(sentences)
+    monkeypatch.setattr(Translator, "_continuous", lambda self: False)
+    expected = Translator(model, tokenizer, cfg).translate_nbest(sentences)
+    assert [[(h.text, h.tokens) for h in nbest] for nbest in got] == [
+        [(h.text, h.tokens) for h in nbest] for nbest in expected
+    ]
+    torch.testing.assert_close(
+        torch.tensor([nbest[0].score for nbest in got]),
+        torch.tensor([nbest[0].score for nbest in expected]), atol=1e-4, rtol=0,
+    )  # fmt: skip
+    assert len({h.text for nbest in got for h in nbest}) > 2  # not one degenerate output
+    monkeypatch.undo()
+    monkeypatch.setattr(translator_module, "continuous_greedy_search", spy)
+    Translator(quantize_dynamic_int8(model), tokenizer, cfg).translate_nbest(sentences)
+    assert calls == [5]  # int8 searches batch by batch: its scales are per batch
 
 
 def test_inter_threads_search_batches_at_once_with_the_same_output(

@@ -1,0 +1,95 @@
+"""Greedy search with continuous batching (`decoding.continuous`): a row freed by a finished
+sentence takes the next sentence at once. Its outputs equal batch-by-batch `greedy_search`'s
+(tokens exactly, scores to float rounding), through refills, a source longer than any before,
+histories past the cache's first capacity, budgets and the minimum length; `Translator` takes
+it for greedy search and reports progress as sentences finish."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from data.batching import encode_source_batch
+from decoding.continuous import continuous_greedy_search
+from decoding.search import SearchConfig, greedy_search
+from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, single_thread
+from tests.test_search import assert_same_results
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    with single_thread():
+        yield
+
+
+def sources(n: int, seed: int, max_len: int = 20) -> list[list[int]]:
+    """`n` id lists (no specials) of random lengths 1..max_len, in no particular order."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (n,), generator=gen).tolist()
+    return [torch.randint(4, 40, (k,), generator=gen).tolist() for k in lengths]
+
+
+def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConfig) -> list:
+    """`greedy_search` on consecutive batches of `cfg.batch_size`: what continuous batching
+    replaces."""
+    found = []
+    for start in range(0, len(src), cfg.batch_size):
+        ids = encode_source_batch(src[start : start + cfg.batch_size], SPECIAL)
+        found += greedy_search(model, ids, SPECIAL, cfg).hypotheses
+    return found
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_continuous_equals_batch_by_batch(tiny_model, norm_first: bool) -> None:  # noqa: ANN001
+    model = tiny_model(seed=0, **{**SEARCH_MODEL, "norm_first": norm_first})
+    src = sources(30, seed=7)  # unsorted: later sentences are longer than the first rows'
+    assert max(map(len, src[4:])) > max(map(len, src[:4]))  # the cross K/V buffers widen
+    cfg = SearchConfig(batch_size=4, max_len_a=1.5, max_len_b=8)
+    done: list[int] = []
+    got = continuous_greedy_search(model, src, SPECIAL, cfg, progress=done.append)
+    expected = batch_by_batch(model, src, cfg)
+    assert_same_results(got, expected)
+    assert sum(done) == len(src) and len(done) > 1
+    lengths = [len(nbest[0].tokens) for nbest in got]
+    assert len(set(lengths)) > 3, "the test model should not be degenerate"
+    assert max(lengths) > 16  # a history past the self-attention cache's first capacity
+
+
+@pytest.mark.parametrize("budget", [0, 2])
+def test_budget_forces_eos(tiny_model, budget: int) -> None:  # noqa: ANN001
+    model = tiny_model(seed=1, **SEARCH_MODEL)
+    src = sources(9, seed=2)
+    cfg = SearchConfig(batch_size=3, max_len_a=0.0, max_len_b=budget)
+    got = continuous_greedy_search(model, src, SPECIAL, cfg)
+    assert_same_results(got, batch_by_batch(model, src, cfg))
+    assert {len(nbest[0].tokens) for nbest in got} == {budget}
+
+
+def test_eos_is_never_the_first_token(tiny_model) -> None:  # noqa: ANN001
+    """A model that always prefers EOS still generates one token first (minimum length 1)."""
+    model = tiny_model(seed=2, **SEARCH_MODEL)
+
+    def prefer_eos(module, inputs, logits):  # noqa: ANN001, ANN202
+        logits = logits.clone()
+        logits[..., SPECIAL.eos] += 100.0
+        return logits
+
+    handle = model.generator.register_forward_hook(prefer_eos)
+    try:
+        src = sources(7, seed=3)
+        got = continuous_greedy_search(model, src, SPECIAL, SearchConfig(batch_size=2))
+        assert_same_results(got, batch_by_batch(model, src, SearchConfig(batch_size=2)))
+    finally:
+        handle.remove()
+    assert all(len(nbest[0].tokens) == 1 for nbest in got)
+
+
+def test_fewer_sentences_than_rows_and_none(tiny_model) -> None:  # noqa: ANN001
+    model = tiny_model(seed=0, **SEARCH_MODEL)
+    src = sources(3, seed=4)
+    cfg = SearchConfig(batch_size=64)
+    assert_same_results(continuous_greedy_search(model, src, SPECIAL, cfg),
+                        batch_by_batch(model, src, cfg))  # fmt: skip
+    assert continuous_greedy_search(model, [], SPECIAL, cfg) == []
