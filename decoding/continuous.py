@@ -53,39 +53,44 @@ class SlotCache:
     """
 
     def __init__(self, rows: int, n_heads: int, d_head: int, src_len: int, like: Tensor) -> None:
-        shape = (rows, n_heads, 16, d_head)
-        self._k, self._v = like.new_zeros(shape), like.new_zeros(shape)
+        self._k: Tensor | None = None  # (R, H, capacity, Dh), made by the first `append`
+        self._v: Tensor | None = None
         cross = (rows, n_heads, src_len, d_head)
         self._ck, self._cv = like.new_zeros(cross), like.new_zeros(cross)
         self.cross_k = self.cross_v = self.cross_bias = self.self_bias = None
         self._n, self._end, self._rows, self._positions = 0, 0, None, None
 
     def load(self, row: int, k: Tensor, v: Tensor) -> None:
-        """Row `row` takes a new sentence's cross-attention K/V (H, S, Dh)."""
+        """Row `row` takes a new sentence's cross-attention K/V (H, S, Dh); its self-attention
+        history is zeroed (masked anyway, but an inf or NaN left there would leak as 0 * NaN)."""
         S = k.size(1)
         if S > self._ck.size(2):  # a longer source than any before: widen (zeros after)
             self._ck, self._cv = _widened(self._ck, 2, S), _widened(self._cv, 2, S)
-        self._ck[row].zero_()
-        self._cv[row].zero_()
+        for buf in (self._ck, self._cv, self._k, self._v):
+            if buf is not None:
+                buf[row].zero_()
         self._ck[row, :, :S].copy_(k)
         self._cv[row, :, :S].copy_(v)
 
     def start_step(
-        self, n: int, positions: Tensor, end: int, src_len: int, self_bias: Tensor,
+        self, rows: Tensor, positions: Tensor, end: int, src_len: int, self_bias: Tensor,
         cross_bias: Tensor,
     ) -> None:  # fmt: skip
-        """Rows 0..n-1 write `positions` (n,) and read T = `end` positions and S = `src_len`
-        source positions; the biases are (n * H, 1, T) and (n, H, 1, S)."""
-        if end > self._k.size(2):
+        """Rows `rows` = 0..n-1 write `positions` (n,) and read T = `end` positions and S =
+        `src_len` source positions; the biases are (n * H, 1, T) and (n, H, 1, S)."""
+        n = rows.numel()
+        if self._k is not None and self._v is not None and end > self._k.size(2):
             capacity = max(2 * self._k.size(2), end)
             self._k, self._v = _widened(self._k, 2, capacity), _widened(self._v, 2, capacity)
-        self._n, self._end, self._positions = n, end, positions
-        self._rows = torch.arange(n, device=positions.device)
+        self._n, self._end, self._rows, self._positions = n, end, rows, positions
         self.cross_k, self.cross_v = self._ck[:n, :, :src_len], self._cv[:n, :, :src_len]
         self.self_bias, self.cross_bias = self_bias, cross_bias
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write each row's new K/V (n, H, 1, Dh) at its position; (n, H, T, Dh) views back."""
+        if self._k is None or self._v is None:  # in the projections' dtype (autocast's)
+            shape = (self._ck.size(0), k.size(1), max(16, self._end), k.size(3))
+            self._k, self._v = k.new_zeros(shape), v.new_zeros(shape)
         self._k[self._rows, :, self._positions] = k.squeeze(2)
         self._v[self._rows, :, self._positions] = v.squeeze(2)
         return self._k[: self._n, :, : self._end], self._v[: self._n, :, : self._end]
@@ -95,7 +100,8 @@ class SlotCache:
         m = rows.numel()
         for buf, width in ((self._k, end), (self._v, end), (self._ck, src_len),
                            (self._cv, src_len)):  # fmt: skip
-            buf[:m, :, :width] = buf[:, :, :width].index_select(0, rows)
+            if buf is not None:
+                buf[:m, :, :width] = buf[:, :, :width].index_select(0, rows)
 
 
 def _widened(buf: Tensor, dim: int, size: int) -> Tensor:
@@ -114,11 +120,17 @@ def continuous_greedy_search(
     cfg: SearchConfig,
     progress: Callable[[int], object] | None = None,
 ) -> list[list[Hypothesis]]:
-    """Greedy search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` rows.
+    """Greedy search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` rows,
+    with the model in eval mode (it runs `Decoder.step`, which has no dropout).
 
     Returns one hypothesis per sentence, in input order. `progress(n)` is called as sentences
-    finish.
+    finish. One host sync per step (the chosen tokens with the running sums).
+
+    Raises:
+        ValueError: the model is in training mode.
     """
+    if model.training:
+        raise ValueError("continuous_greedy_search needs the model in eval mode (model.eval())")
     device = next(model.parameters()).device
     layers = model.decoder.layers
     H = model.cfg.n_heads
@@ -154,10 +166,18 @@ def continuous_greedy_search(
     like = first.kv[0][0]
     caches = [SlotCache(R, H, Dh, first.src_len, like) for _ in layers]
     cross_bias = torch.full((R, like.size(1)), float("-inf"), dtype=like.dtype, device=device)
-    # per live row, on the host: sentence, position (tokens so far), source length, budget
+    # Per live row. On the host: its sentence, position (tokens so far) and tokens; on the
+    # device, kept equal without syncs: position, budget, last token, log-probability so far.
     rows: list[_Sentence] = []
     positions: list[int] = []
     tokens: list[list[int]] = []
+    new_rows = [first]
+    while len(new_rows) < R and (sentence := next_sentence()) is not None:
+        new_rows.append(sentence)
+    pos = torch.zeros(len(new_rows), dtype=torch.long, device=device)  # (n,)
+    budget = torch.tensor([s.budget for s in new_rows], device=device)  # (n,)
+    last = torch.full((len(new_rows),), special.bos, dtype=torch.long, device=device)  # (n,)
+    sums = torch.zeros(len(new_rows), device=device)  # (n,)
 
     def load(row: int, sentence: _Sentence) -> None:
         nonlocal cross_bias
@@ -175,16 +195,13 @@ def continuous_greedy_search(
         else:
             rows[row], positions[row], tokens[row] = sentence, 0, []
 
-    load(0, first)
-    while len(rows) < R and (sentence := next_sentence()) is not None:
-        load(len(rows), sentence)
-    last = torch.full((len(rows),), special.bos, dtype=torch.long, device=device)  # (n,)
-    sums = torch.zeros(len(rows), device=device)  # (n,) log-probability so far
+    for r, sentence in enumerate(new_rows):
+        load(r, sentence)
     while rows:
         n = len(rows)
         end = max(positions) + 1
         src_len = max(sentence.src_len for sentence in rows)
-        pos = torch.tensor(positions, device=device)  # (n,)
+        row_ids = torch.arange(n, device=device)
         hidden_pos = torch.arange(end, device=device).unsqueeze(0) > pos.unsqueeze(1)  # (n, T)
         self_bias = torch.zeros(n, end, dtype=like.dtype, device=device)
         self_bias.masked_fill_(hidden_pos, float("-inf"))
@@ -192,24 +209,29 @@ def continuous_greedy_search(
         step_cross = cross_bias[:n, :src_len].view(n, 1, 1, src_len).expand(n, H, 1, src_len)
         step_cross = step_cross.contiguous()  # (n, H, 1, S), as `KVCache.cross_bias`
         for cache in caches:
-            cache.start_step(n, pos, end, src_len, self_bias, step_cross)
-        x = model.tgt_embed(last) * model.embed_scale + model.positional.rows(pos, end)
+            cache.start_step(row_ids, pos, end, src_len, self_bias, step_cross)
+        embedded = model.tgt_embed(last) * model.embed_scale  # (n, D)
+        x = embedded + model.positional.rows(pos, end).to(embedded.dtype)
         hidden = model.decoder.step(x, None, None, caches)  # (n, D)
-        lprob, token = _pick(model.generator(hidden), pos, rows, positions, special)  # (n,)
+        at_limit = any(p >= s.budget for p, s in zip(positions, rows, strict=True))
+        lprob, token = _pick(model.generator(hidden), pos, budget, at_limit, special)  # (n,)
         sums = sums + lprob
-        chosen = token.tolist()  # the step's one sync
-        finished = [r for r, t in enumerate(chosen) if t == special.eos]
+        pos = pos + 1
+        last = token
+        # the step's one sync; ids < 2^24 are exact in float32
+        chosen, totals = torch.stack([token.to(sums.dtype), sums]).tolist()
+        finished = []
         for r, t in enumerate(chosen):
             positions[r] += 1
-            if t != special.eos:
-                tokens[r].append(t)
-        last = token
+            if t == special.eos:
+                finished.append(r)
+            else:
+                tokens[r].append(int(t))
         if not finished:
             continue
-        totals = sums[finished].tolist()
-        for r, total in zip(finished, totals, strict=True):
+        for r in finished:
             penalty = length_penalty_divisor(positions[r], cfg.length_penalty, cfg.lp_type)
-            results[rows[r].index] = [Hypothesis(tokens[r], total / penalty, total)]
+            results[rows[r].index] = [Hypothesis(tokens[r], totals[r] / penalty, totals[r])]
         if progress is not None:
             progress(len(finished))
         emptied = []
@@ -219,7 +241,7 @@ def continuous_greedy_search(
                 emptied.append(r)
                 continue
             load(r, sentence)
-            last[r], sums[r] = special.bos, 0.0
+            pos[r], budget[r], last[r], sums[r] = 0, sentence.budget, special.bos, 0.0
         if emptied:  # no sentence left to take: keep the live rows only, in rows 0..m-1
             gone = set(emptied)
             keep_list = [r for r in range(n) if r not in gone]
@@ -229,6 +251,7 @@ def continuous_greedy_search(
             for cache in caches:
                 cache.keep(keep, end, src_len)
             cross_bias[: len(keep_list)] = cross_bias.index_select(0, keep)
+            pos, budget = pos.index_select(0, keep), budget.index_select(0, keep)
             last, sums = last.index_select(0, keep), sums.index_select(0, keep)
             rows[:] = [rows[r] for r in keep_list]
             positions[:] = [positions[r] for r in keep_list]
@@ -237,10 +260,11 @@ def continuous_greedy_search(
 
 
 def _pick(
-    logits: Tensor, pos: Tensor, rows: list[_Sentence], positions: list[int], special: SpecialTokens
+    logits: Tensor, pos: Tensor, budget: Tensor, at_limit: bool, special: SpecialTokens
 ) -> tuple[Tensor, Tensor]:
-    """`search._next_tokens` with n = 1 for rows at different positions: the best token of
-    each row (n,) and its log-probability, EOS never first, forced at the budget."""
+    """`search._next_tokens` with n = 1 for rows at different positions `pos` (n,): the best
+    token of each row (n,) and its log-probability, EOS never first, EOS forced once a row
+    holds its `budget` (n,) of tokens (`at_limit`: whether any row does, known on the host)."""
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
     eos_lprob = lprobs[:, special.eos].clone()  # (n,)
     lprobs[:, special.pad] = float("-inf")
@@ -248,9 +272,8 @@ def _pick(
     lprobs[:, special.eos] = eos_lprob.masked_fill(pos.eq(0), float("-inf"))  # minimum length 1
     best, token = topk(lprobs, 1)
     best, token = best.squeeze(1), token.squeeze(1)
-    at_limit = [p >= sentence.budget for p, sentence in zip(positions, rows, strict=True)]
-    if any(at_limit):  # only EOS may follow (also at position 0 for a budget of 0)
-        limit = torch.tensor(at_limit, device=logits.device)
+    if at_limit:  # only EOS may follow (also at position 0 for a budget of 0)
+        limit = pos.ge(budget)
         best = torch.where(limit, eos_lprob, best)
         token = token.masked_fill(limit, special.eos)
     return best, token

@@ -46,7 +46,8 @@ class Translator:
     Sentences are sorted by length and searched in batches of `search_cfg.batch_size`, so
     that padding stays small; results come back in input order. Greedy search (one float
     model, `inter_threads` 1) keeps `batch_size` sentences in flight instead: a finished
-    sentence's row takes the next one at once (`decoding.continuous`), with the same outputs. Empty (or whitespace-only)
+    sentence's row takes the next one at once (`decoding.continuous`), with the same outputs
+    up to float rounding. Empty (or whitespace-only)
     sentences give empty translations without reaching the model. The model is put in eval
     mode while translating and restored afterwards, so a trainer can call this mid-training.
 
@@ -115,7 +116,7 @@ class Translator:
         """Search source id lists (no specials) in length-sorted batches; input order out.
 
         `progress(n)`, if given, is called with the number of empty sentences first, then
-        after each batch with its size.
+        after each batch with its size (greedy with continuous batching: as sentences finish).
         """
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
         batches = length_sorted_batches(src_ids, self.search_cfg.batch_size)
@@ -146,8 +147,9 @@ class Translator:
 
         Not int8: dynamic quantization scales activations per batch, so a row's output
         depends on the rows beside it, which continuous batching changes at every step. On
-        test2016 (default checkpoint, 2026-11-23) int8 greedy BLEU went from 37.95 to 37.82
-        with it, against 38.15 in fp32 (identical ids in fp32): past the 0.3 allowed.
+        test2016 (the `make train` checkpoint of the README's AVX2 benchmarks, 2026-11-23)
+        int8 greedy BLEU went from 37.95 to 37.82 with it, against 38.15 in fp32 (identical
+        ids in fp32): past the 0.3 allowed.
         """
         return (
             self.search_cfg.beam_size == 1

@@ -251,7 +251,8 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
         ct2 = peers.ct2_system(Path(tmp), tokenizer, threads=1)(src_ids, cfg)
         hf = peers.transformers_system(model, tokenizer)(src_ids, cfg)
         ours = peers.ours_system(model, tokenizer)(src_ids, cfg)
-        # two batches at once (benchmark.py --inter-threads 2): the same ids, in input order
+        # two batches at once (benchmark.py --inter-threads 2, batch by batch, where one at a
+        # time is continuous batching): the same ids, in input order
         assert peers.ours_system(model, tokenizer, inter_threads=2)(src_ids, cfg) == ours
         with pytest.MonkeyPatch.context() as patch:  # the CTranslate2 side builds no model
             patch.setattr("decoding.checkpoint.build_model", pytest.fail)

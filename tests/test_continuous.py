@@ -93,3 +93,17 @@ def test_fewer_sentences_than_rows_and_none(tiny_model) -> None:  # noqa: ANN001
     assert_same_results(continuous_greedy_search(model, src, SPECIAL, cfg),
                         batch_by_batch(model, src, cfg))  # fmt: skip
     assert continuous_greedy_search(model, [], SPECIAL, cfg) == []
+
+
+def test_continuous_equals_batch_by_batch_under_bf16_autocast(tiny_model) -> None:  # noqa: ANN001
+    """The caches and score biases take the projections' dtype (bf16 under CPU autocast)."""
+    model = tiny_model(seed=0, **SEARCH_MODEL)
+    src = sources(12, seed=9)
+    cfg = SearchConfig(batch_size=3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = continuous_greedy_search(model, src, SPECIAL, cfg)
+        expected = batch_by_batch(model, src, cfg)
+    assert_same_results(got, expected)
+    assert [nbest[0].tokens for nbest in got] != [
+        nbest[0].tokens for nbest in continuous_greedy_search(model, src, SPECIAL, cfg)
+    ]  # bf16 reached the search: its outputs differ from float32's

@@ -87,6 +87,15 @@ def test_grows_past_the_initial_table() -> None:
     torch.testing.assert_close(long[0], sinusoid_table(40, D), atol=1e-6, rtol=0.0)
 
 
+def test_rows_at_per_row_positions_grow_the_table() -> None:
+    """`rows` (continuous batching: one position per row) reads the table's rows, growing it
+    past its initial length as `forward` does."""
+    pe = SinusoidalPositionalEncoding(16, initial_len=8)
+    positions = torch.tensor([3, 0, 20, 3])
+    torch.testing.assert_close(pe.rows(positions, 21), sinusoid_table(21, 16)[positions])
+    assert pe.table.size(0) >= 21
+
+
 def test_table_is_not_saved_in_checkpoints() -> None:
     pe = SinusoidalPositionalEncoding(D, initial_len=8)
     assert "table" not in pe.state_dict()

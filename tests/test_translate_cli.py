@@ -358,7 +358,7 @@ def test_greedy_translator_searches_with_continuous_batching(
     monkeypatch.setattr(translator_module, "continuous_greedy_search", spy)
     done: list[int] = []
     got = Translator(model, tokenizer, cfg).translate_nbest(sentences, progress=done.append)
-    assert calls == [5] and sum(done) == len(sentences)
+    assert calls == [5] and sum(done) == len(sentences) and len(done) > 2
     monkeypatch.setattr(Translator, "_continuous", lambda self: False)
     expected = Translator(model, tokenizer, cfg).translate_nbest(sentences)
     assert [[(h.text, h.tokens) for h in nbest] for nbest in got] == [
