@@ -27,7 +27,13 @@ from torch import Tensor
 
 from data.batching import encode_source_batch
 from decoding.config import SearchConfig
-from decoding.search import Hypothesis, SpecialTokens, length_penalty_divisor, max_lengths, topk
+from decoding.search import (
+    Hypothesis,
+    SpecialTokens,
+    length_penalty_divisor,
+    max_lengths,
+    pick_tokens,
+)
 from model.attention import padding_mask
 from model.transformer import Transformer
 
@@ -213,8 +219,12 @@ def continuous_greedy_search(
         embedded = model.tgt_embed(last) * model.embed_scale  # (n, D)
         x = embedded + model.positional.rows(pos, end).to(embedded.dtype)
         hidden = model.decoder.step(x, None, None, caches)  # (n, D)
-        at_limit = any(p >= s.budget for p, s in zip(positions, rows, strict=True))
-        lprob, token = _pick(model.generator(hidden), pos, budget, at_limit, special)  # (n,)
+        # rows at their budget, if any (known on the host): no device-side test otherwise
+        at_budget = any(p >= s.budget for p, s in zip(positions, rows, strict=True))
+        best, picked = pick_tokens(
+            model.generator(hidden), special, 1, pos.eq(0), pos.ge(budget) if at_budget else None
+        )
+        lprob, token = best.squeeze(1), picked.squeeze(1)  # (n,)
         sums = sums + lprob
         pos = pos + 1
         last = token
@@ -257,23 +267,3 @@ def continuous_greedy_search(
             positions[:] = [positions[r] for r in keep_list]
             tokens[:] = [tokens[r] for r in keep_list]
     return results
-
-
-def _pick(
-    logits: Tensor, pos: Tensor, budget: Tensor, at_limit: bool, special: SpecialTokens
-) -> tuple[Tensor, Tensor]:
-    """`search._next_tokens` with n = 1 for rows at different positions `pos` (n,): the best
-    token of each row (n,) and its log-probability, EOS never first, EOS forced once a row
-    holds its `budget` (n,) of tokens (`at_limit`: whether any row does, known on the host)."""
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
-    eos_lprob = lprobs[:, special.eos].clone()  # (n,)
-    lprobs[:, special.pad] = float("-inf")
-    lprobs[:, special.bos] = float("-inf")
-    lprobs[:, special.eos] = eos_lprob.masked_fill(pos.eq(0), float("-inf"))  # minimum length 1
-    best, token = topk(lprobs, 1)
-    best, token = best.squeeze(1), token.squeeze(1)
-    if at_limit:  # only EOS may follow (also at position 0 for a budget of 0)
-        limit = pos.ge(budget)
-        best = torch.where(limit, eos_lprob, best)
-        token = token.masked_fill(limit, special.eos)
-    return best, token

@@ -136,33 +136,47 @@ def _start(
 def _next_tokens(
     model: Seq2SeqModel, batch: _Batch, last: Tensor, step: int, special: SpecialTokens, n: int
 ) -> tuple[Tensor, Tensor]:
-    """The `n` most probable next tokens of each row and their log-probabilities.
-
-    `last` (N,) is the token at position `step`. Pad and BOS are never proposed, nor EOS at
-    step 0; a row that already holds its budget of tokens gets EOS as its only finite
-    candidate (also at step 0, when the budget is 0).
+    """The `n` most probable next tokens of each row and their log-probabilities
+    (`pick_tokens`): `last` (N,) is the token at position `step`, so EOS may not come at step
+    0, and a row whose sentence holds its budget of tokens may only end.
 
     Shape: last (N,) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
     """
     logits = model.decode(last.unsqueeze(1), batch.memory, batch.src_mask, batch.caches, step)
-    # float32 as in `model.log_probs`; one fused pass (torch's logsumexp is ~2x slower here)
-    lprobs = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (N, V)
-    eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
-    lprobs[:, special.pad] = float("-inf")
-    lprobs[:, special.bos] = float("-inf")
-    if step == 0:  # minimum length 1: no empty translation (fairseq's min_len=1)
-        lprobs[:, special.eos] = float("-inf")
-    lprobs, tokens = topk(lprobs, min(n, lprobs.size(-1)))  # (N, n)
-    # Rows at their budget may only end (fairseq forces EOS at max_len): EOS first, then -inf.
     at_limit = batch.max_len.le(step)  # (B,)
     if at_limit.size(0) != last.size(0):  # K rows per sentence
         at_limit = at_limit.repeat_interleave(last.size(0) // at_limit.size(0))
-    at_limit = at_limit.unsqueeze(1)  # (N, 1)
-    first = torch.arange(lprobs.size(1), device=last.device).eq(0)  # (n,)
+    return pick_tokens(logits[:, -1], special, n, step == 0, at_limit)
+
+
+def pick_tokens(
+    logits: Tensor, special: SpecialTokens, n: int, no_eos: bool | Tensor, at_limit: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The `n` most probable tokens of each row of `logits` and their log-probabilities.
+
+    Pad and BOS are never proposed, nor EOS where `no_eos` holds (True for every row, or (N,)
+    bool per row: minimum length 1, fairseq's min_len=1). A row where `at_limit` (N,) bool
+    holds (None: no row) has its budget of tokens and gets EOS as its only finite candidate
+    (fairseq forces EOS at max_len), also where `no_eos` holds (a budget of 0).
+
+    Shape: logits (N, V) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
+    """
+    # float32 as in `model.log_probs`; one fused pass (torch's logsumexp is ~2x slower here)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+    eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
+    lprobs[:, special.pad] = float("-inf")
+    lprobs[:, special.bos] = float("-inf")
+    if isinstance(no_eos, Tensor):
+        lprobs[:, special.eos] = eos_lprob.squeeze(1).masked_fill(no_eos, float("-inf"))
+    elif no_eos:
+        lprobs[:, special.eos] = float("-inf")
+    lprobs, tokens = topk(lprobs, min(n, lprobs.size(-1)))  # (N, n)
+    if at_limit is None:
+        return lprobs, tokens
+    at_limit = at_limit.unsqueeze(1)  # (N, 1): EOS first, then -inf
+    first = torch.arange(lprobs.size(1), device=lprobs.device).eq(0)  # (n,)
     forced = eos_lprob.masked_fill(~first, float("-inf"))  # (N, n)
-    lprobs = torch.where(at_limit, forced, lprobs)
-    tokens = tokens.masked_fill(at_limit, special.eos)
-    return lprobs, tokens
+    return torch.where(at_limit, forced, lprobs), tokens.masked_fill(at_limit, special.eos)
 
 
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
