@@ -285,9 +285,12 @@ def run(args: argparse.Namespace) -> None:
         check_quantize(args.quantize, device, args.precision)
         precision = autocast(device, args.precision)
 
+        from common.memory import keep_freed_memory
         from decoding.ensemble import load_ensemble
         from decoding.translator import Translator
 
+        if device.split(":")[0] == "cpu":
+            keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
         model, tokenizer = load_ensemble(args.checkpoint, device, args.quantize)
         translator = Translator(model, tokenizer, cfg, device, args.inter_threads)
         output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)

@@ -152,10 +152,18 @@ class Isolated:
     threads: int = 0
 
 
-def ours_from_checkpoint(path: str, quantize: str = "none", inter_threads: int = 1) -> Search:
-    """`ours_system` on a checkpoint loaded as `translate.py` loads it."""
+def ours_from_checkpoint(
+    path: str, quantize: str = "none", inter_threads: int = 1, keep_memory: bool = True
+) -> Search:
+    """`ours_system` on a checkpoint loaded as `translate.py` loads it, in a process set up
+    as `translate.py` sets up its own on the CPU (`common.memory.keep_freed_memory`, unless
+    `keep_memory=False`): call it in a worker (`Isolated`), since that setting is
+    process-wide."""
+    from common.memory import keep_freed_memory
     from decoding.ensemble import load_ensemble
 
+    if keep_memory:
+        keep_freed_memory()
     model, tokenizer = load_ensemble([path], "cpu", quantize)
     return ours_system(model, tokenizer, inter_threads)
 

@@ -396,3 +396,14 @@ def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path
     names = [line.split("  ")[0] for line in out.splitlines() if "sent/s" in line]
     assert names == ["ours", "ctranslate2", "ours, after"], out
     assert "/ before:" in out.splitlines()[-1]
+
+
+def test_bench_malloc_compares_both_settings(trained_run: tuple[Path, Path, Path]) -> None:
+    run, src, _ = trained_run
+    out = run_script(
+        "bench_malloc", "-c", str(run), "--src", str(src), "--limit", "8", "--beams", "1",
+        "--threads", "1", "--repeats", "1",
+    )  # fmt: skip
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
+    assert [row.split(" | ")[0][2:] for row in rows] == ["keep freed memory", "malloc defaults"]
+    assert "8/8" in out  # the same ids either way
