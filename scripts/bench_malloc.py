@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common.errors import exit_status  # noqa: E402
 from common.files import read_lines  # noqa: E402
 from decoding.checkpoint import load_for_inference, resolve_checkpoint  # noqa: E402
 from decoding.config import SearchConfig  # noqa: E402
@@ -19,12 +20,23 @@ from evaluation import peers  # noqa: E402
 KEEP, DEFAULT = "keep freed memory", "malloc defaults"
 
 
+def beam_sizes(text: str) -> list[int]:
+    """argparse type: "1,5" -> [1, 5] (a bad value is argparse's one-line error)."""
+    return [int(b) for b in text.split(",")]
+
+
 def main(argv: list[str] | None = None) -> int:
+    return exit_status("bench_malloc.py", lambda: run(argv))
+
+
+def run(argv: list[str] | None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-c", "--checkpoint", required=True, help="run dir or .pt file")
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--limit", type=int, default=320, help="first N sentences (default: 320)")
-    p.add_argument("--beams", default="1,5", help="comma-separated beam sizes (default: 1,5)")
+    p.add_argument(
+        "--beams", type=beam_sizes, default=[1, 5], help="comma-separated beam sizes (default: 1,5)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
@@ -32,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     _, tokenizer, _ = load_for_inference(path)
     lines = read_lines(args.src, "--src")[: args.limit]
     src_ids = tokenizer.encode_src([line.strip() for line in lines])
-    cfgs = [SearchConfig(beam_size=int(b), batch_size=64) for b in args.beams.split(",")]
+    cfgs = [SearchConfig(beam_size=b, batch_size=64) for b in args.beams]
     systems = {
         KEEP: peers.Isolated(peers.ours_from_checkpoint, (path, "none", 1, True), args.threads),
         DEFAULT: peers.Isolated(peers.ours_from_checkpoint, (path, "none", 1, False), args.threads),
@@ -43,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} interleaved repeats, each setting in a process of its own"
     )
     print("\n".join(peers.table(cells, KEEP)[0]))
-    return 0
 
 
 if __name__ == "__main__":

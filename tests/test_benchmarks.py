@@ -407,3 +407,16 @@ def test_bench_malloc_compares_both_settings(trained_run: tuple[Path, Path, Path
     rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
     assert [row.split(" | ")[0][2:] for row in rows] == ["keep freed memory", "malloc defaults"]
     assert "8/8" in out  # the same ids either way
+
+
+def test_bench_malloc_names_a_missing_checkpoint(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_malloc.py"), "-c", str(tmp_path / "no.pt"),
+         "--src", str(tmp_path / "src.txt")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"bench_malloc.py: error: checkpoint not found: {tmp_path / 'no.pt'}; pass a run dir or "
+        "a .pt file with -c"
+    ]
