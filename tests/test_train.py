@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -202,6 +203,8 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
     ):
         assert (run_dir / name).exists(), name
     assert "best valid BLEU" in proc.stdout
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":  # common.memory
+        assert "malloc keeps freed memory" in (run_dir / "train.log").read_text()
 
 
 @pytest.mark.parametrize(

@@ -265,6 +265,20 @@ def test_cuda_without_gpu(capsys: pytest.CaptureFixture, checkpoint: Path) -> No
     assert_one_line_error(err, "--device cuda", "--device cpu")
 
 
+def test_cpu_translation_keeps_freed_memory(
+    capsys: pytest.CaptureFixture, checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """translate.py on the CPU sets glibc's malloc to reuse freed blocks (`common.memory`)
+    before it loads the model; the setting is process-wide, so here it is only recorded."""
+    import common.memory
+
+    calls: list[str] = []
+    monkeypatch.setattr(common.memory, "keep_freed_memory", lambda: calls.append("kept") or True)
+    status, out, err = call_main(capsys, "-c", str(checkpoint), "--device", "cpu", "Ein Hund.")
+    assert status == 0, err
+    assert calls == ["kept"] and len(out.splitlines()) == 1
+
+
 def test_nbest_output_format(capsys: pytest.CaptureFixture, checkpoint: Path) -> None:
     status, out, err = call_main(
         capsys, "-c", str(checkpoint), "--beam", "3", "--nbest", "2", "Ein Hund.", ""
