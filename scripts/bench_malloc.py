@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_translate import csv_ints  # noqa: E402  (a sibling script, on sys.path)
+
 from common.errors import exit_status  # noqa: E402
 from common.files import read_lines  # noqa: E402
 from decoding.checkpoint import load_for_inference, resolve_checkpoint  # noqa: E402
@@ -18,11 +20,6 @@ from decoding.config import SearchConfig  # noqa: E402
 from evaluation import peers  # noqa: E402
 
 KEEP, DEFAULT = "keep freed memory", "malloc defaults"
-
-
-def beam_sizes(text: str) -> list[int]:
-    """argparse type: "1,5" -> [1, 5] (a bad value is argparse's one-line error)."""
-    return [int(b) for b in text.split(",")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +32,7 @@ def run(argv: list[str] | None) -> None:
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--limit", type=int, default=320, help="first N sentences (default: 320)")
     p.add_argument(
-        "--beams", type=beam_sizes, default=[1, 5], help="comma-separated beam sizes (default: 1,5)"
+        "--beams", type=csv_ints, default=[1, 5], help="comma-separated beam sizes (default: 1,5)"
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
