@@ -54,7 +54,7 @@ def test_freed_blocks_are_reused_instead_of_page_faulting() -> None:
     assert float(value) == pytest.approx(1 - math.log(8000))  # tensors still compute
     # glibc's defaults hand such blocks back to the OS and fault them in again (19,700-52,800
     # faults over 12 runs here, 2026-11-23); kept, the heap stays at its high-water mark (0 in
-    # 14 of 18 runs, 750-875 where it was still growing)
+    # 22 of 26 runs, 750-875 where it was still growing)
     assert default_faults > 5000, default_faults
     assert kept_faults < default_faults / 5, (kept_faults, default_faults)
 
