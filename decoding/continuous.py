@@ -7,7 +7,7 @@ S longest source of the live rows.
 
 Batch by batch (`search.greedy_search`), a batch of 64 test2016 sentences takes as many steps
 as its longest output, and its last steps run a handful of rows at nearly the cost of 64 (a
-decoder step on one row took 2.7 ms against 8.5 ms on 64: README, Benchmarks). Here rows
+decoder step on one row took 2.7 ms against 8.5 ms on 64: docs/benchmarks.md). Here rows
 are at different positions: each keeps its own position and history length, its
 self-attention sees only its own past (a 0 / -inf score bias), and its cross-attention reads
 its own sentence's keys and values (padded to S, masked the same way). Sentences are encoded

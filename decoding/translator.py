@@ -55,7 +55,7 @@ class Translator:
     with torch's intra-op threads divided among them (CTranslate2's `inter_threads`;
     Marian's `--cpu-threads` workers). The results are the same; on a CPU it pays where one
     batch's ops are too small to keep every core busy (2 cores, the default Multi30k model:
-    see the README's Benchmarks). The caller's autocast (bf16) reaches the worker threads.
+    see docs/benchmarks.md). The caller's autocast (bf16) reaches the worker threads.
 
     Args:
         model: the Transformer (or a `decoding.ensemble.Ensemble` of several), already on
@@ -147,7 +147,7 @@ class Translator:
 
         Not int8: dynamic quantization scales activations per batch, so a row's output
         depends on the rows beside it, which continuous batching changes at every step. On
-        test2016 (the `make train` checkpoint of the README's AVX2 benchmarks, 2026-11-23)
+        test2016 (the `make train` checkpoint of docs/benchmarks.md's AVX2 runs, 2026-11-23)
         int8 greedy BLEU went from 37.95 to 37.82 with it, against 38.15 in fp32 (identical
         ids in fp32): past the 0.3 allowed.
         """

@@ -123,7 +123,7 @@ class DecoderLayer(_ResidualLayer):
         tensor ops and Python calls: 2-D rows, the heads folded into the batch of `bmm`, the
         source mask a score bias added inside the matmul (`baddbmm`), kept in the cache with
         the cross K/V. On 512 test2016 sentences, 2 threads, it searched 1.08x (greedy) and
-        1.06x (beam 5) as fast as `forward`, with the same outputs (README, Benchmarks).
+        1.06x (beam 5) as fast as `forward`, with the same outputs (docs/benchmarks.md).
         """
         x = self.residual(x, self._self_step(self.sublayer_input(x, 0), cache), 0)
         x = self.residual(
