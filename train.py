@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> float:
         )
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        outcome = fit(cfg, run_dir)
+        outcome = fit(cfg, run_dir, keep_memory=True)  # steps reuse freed blocks (CPU)
     except UserError as e:
         _fail(str(e))
     if RANK == 0:

@@ -28,8 +28,8 @@ process of its own, alternated (`/work/runs/s10/mal2.py`, `trainmal.py`):
 `scripts/bench_malloc.py` repeats the search comparison through the benchmark's workers.
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its
-peak), which suits a training or translation process. `translate.py` and training call it on
-the CPU only.
+peak), which suits a training or translation process. `translate.py` and `train.py` call it on
+the CPU only (`training.loop.fit(..., keep_memory=True)`); a caller of `fit()` opts in.
 """
 
 from __future__ import annotations

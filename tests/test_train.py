@@ -207,6 +207,21 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
         assert "malloc keeps freed memory" in (run_dir / "train.log").read_text()
 
 
+def test_fit_sets_the_allocator_only_when_asked(tmp_path, monkeypatch):
+    """`common.memory` is process-wide, so `fit()` leaves it alone unless `keep_memory=True`
+    (what `train.py` passes: the test above reads its train.log)."""
+    calls = []
+    monkeypatch.setattr("training.loop.keep_freed_memory", lambda: calls.append("kept") or True)
+    fit(toy_cfg(tmp_path, "trainer.max_steps=1", "trainer.device=cpu"), tmp_path / "a")
+    assert calls == []
+    fit(
+        toy_cfg(tmp_path, "trainer.max_steps=1", "trainer.device=cpu"),
+        tmp_path / "b",
+        keep_memory=True,
+    )
+    assert calls == ["kept"]
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

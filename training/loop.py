@@ -53,8 +53,12 @@ class Outcome:
     preempted: str | None = None  # the signal that stopped the run early, if any
 
 
-def fit(cfg: DictConfig, run_dir: str | Path) -> Outcome:
-    """Train as `cfg` says, writing everything under `run_dir` (rank 0 only)."""
+def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outcome:
+    """Train as `cfg` says, writing everything under `run_dir` (rank 0 only).
+
+    `keep_memory`: on the CPU, set glibc's malloc to keep freed memory for reuse
+    (`common.memory`), which `train.py` does. It applies to the whole process for the rest of
+    its life, so a notebook or test that calls `fit()` leaves it off unless it asks."""
     configs = Configs.from_hydra(cfg)  # the one place DictConfig becomes dataclasses
     run_dir = Path(run_dir)
     trainer = configs.trainer
@@ -63,7 +67,7 @@ def fit(cfg: DictConfig, run_dir: str | Path) -> Outcome:
     lock = RunDirLock(run_dir) if distributed.is_main_process() else None
     try:
         ctx = distributed.setup(trainer.device, trainer.dist_timeout, trainer.tf32)
-        if ctx.device.type == "cpu" and keep_freed_memory():  # steps reuse freed blocks
+        if keep_memory and ctx.device.type == "cpu" and keep_freed_memory():
             log.info("malloc keeps freed memory (common.memory): no page faults per step")
         if trainer.precision == "auto":
             trainer.precision = build.resolve_precision("auto", ctx.device)
