@@ -41,10 +41,15 @@ import platform
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's malloc.h
 
 
+def on_glibc() -> bool:
+    """Whether this process runs on Linux with glibc, where `keep_freed_memory` applies."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory() -> bool:
     """Tell glibc's malloc to never `mmap` and never trim; True if it took both settings
     (False elsewhere: another libc, or no libc found)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not on_glibc():
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -289,7 +289,7 @@ def run(args: argparse.Namespace) -> None:
         from decoding.ensemble import load_ensemble
         from decoding.translator import Translator
 
-        if device.split(":")[0] == "cpu":
+        if device == "cpu":  # resolve_device gives "cpu" or "cuda"
             keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
         model, tokenizer = load_ensemble(args.checkpoint, device, args.quantize)
         translator = Translator(model, tokenizer, cfg, device, args.inter_threads)

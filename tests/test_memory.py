@@ -5,12 +5,13 @@ still work; other platforms are left alone."""
 from __future__ import annotations
 
 import math
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from common.memory import on_glibc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,9 +46,7 @@ def minor_faults(setting: str) -> tuple[str, int, str]:
     return out[0], int(out[1]), out[2]
 
 
-@pytest.mark.skipif(
-    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
-)
+@pytest.mark.skipif(not on_glibc(), reason="glibc only")
 def test_freed_blocks_are_reused_instead_of_page_faulting() -> None:
     took, kept_faults, value = minor_faults("keep")
     _, default_faults, _ = minor_faults("default")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.memory import on_glibc
 from data.batching import collate
 from decoding.checkpoint import load_checkpoint
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
@@ -203,7 +203,7 @@ def test_tensorboard_has_spec_tags_and_run_dir_layout(tmp_path):
     ):
         assert (run_dir / name).exists(), name
     assert "best valid BLEU" in proc.stdout
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":  # common.memory
+    if on_glibc():  # common.memory
         assert "malloc keeps freed memory" in (run_dir / "train.log").read_text()
 
 
