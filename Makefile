@@ -44,7 +44,7 @@ lint: venv
 
 bench: venv
 	$(BIN)/python -m pip install -q -e ".[bench]"
-	$(BIN)/python scripts/benchmark.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.benchmark $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -25,7 +25,7 @@ process of its own, alternated (`/work/runs/s10/mal2.py`, `trainmal.py`):
   each: 5,085 / 5,053 -> 5,569 / 5,278 tokens/s (medians of the logged figures), wall 2:51 /
   2:53 -> 2:39 / 2:48, 8.3 / 7.7 million -> 0.27 / 0.26 million page faults, the same
   losses, peak resident memory 1.07-1.08 -> 1.17-1.19 GB.
-`scripts/bench_malloc.py` repeats the search comparison through the benchmark's workers.
+`benchmarks/bench_malloc.py` repeats the search comparison through the benchmark's workers.
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its
 peak), which suits a training or translation process. `translate.py` and `train.py` call it on

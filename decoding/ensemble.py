@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from checkpoint import CheckpointError, load_for_inference
 from data.tokenizer import Tokenizer
-from decoding.checkpoint import CheckpointError, load_for_inference
 from model.packed import pack_linears
 from model.transformer import AttentionMaps
 

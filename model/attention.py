@@ -334,7 +334,7 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         # bf16/fp16 on CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
         # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
-        # faster than either at Multi30k's lengths (scripts/bench_attention.py).
+        # faster than either at Multi30k's lengths (benchmarks/bench_attention.py).
         explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
         if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
             # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.

@@ -6,7 +6,7 @@ of the same generator (`torch.manual_seed` seeds it) gives two elements 15 rando
 and an element is dropped when its bits are below round(p * 2^15): the rate is p to within
 2^-16, and the kept elements are scaled by exactly 1 / (1 - that rate), so the expectation is
 the input's, as in `F.dropout`. Forward + backward on a (64, 32, 256) bf16 tensor, 2 threads:
-2.04 ms against 6.06 ms (`scripts/bench_train_ops.py`, 2026-11-23). Elsewhere (CUDA, under
+2.04 ms against 6.06 ms (`benchmarks/bench_train_ops.py`, 2026-11-23). Elsewhere (CUDA, under
 `torch.compile`) this is `F.dropout`, whose kernels are fused already.
 """
 

@@ -5,7 +5,7 @@ every call; oneDNN can pack it once, in the blocked layout its kernels read, whi
 CTranslate2 does with its packed GEMMs. At decoding's shapes (64 and 320 rows, d_model 256,
 d_ff 1024, an 8,000-token output projection) on this workplace's AMD EPYC (AVX-512), 2
 threads, the packed matmul was 1.23-1.77x faster, the output projection most
-(`scripts/bench_decode_ops.py`, 2026-11-23).
+(`benchmarks/bench_decode_ops.py`, 2026-11-23).
 
 `pack_linears(model)` swaps every `nn.Linear` for a `PackedLinear` that shares its parameters
 (so state dicts, tied weights and exports see the same tensors) and uses the packed weight only

@@ -19,11 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+import torch
 
-import torch  # noqa: E402
-
-from decoding.checkpoint import (  # noqa: E402
+from checkpoint import (
     CheckpointError,
     load_checkpoint,
     save_checkpoint,

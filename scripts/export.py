@@ -13,7 +13,7 @@ then loaded back and checked against the checkpoint: nothing half-written or wro
 An existing non-empty `-o` is replaced only with `--force`.
 
 Transformers cannot express a pre-norm model (MarianMTModel is post-norm only): it is
-refused; CTranslate2 takes it. The weight mapping lives in `decoding/export.py`. Needs the
+refused; CTranslate2 takes it. The weight mapping lives in `export/convert.py`. Needs the
 optional packages: pip install -e '.[export]'. Every user mistake ends with one line,
 `export.py: error: ...`, and exit status 1 (2 for bad flags).
 """
@@ -26,9 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
-
-from common.errors import exit_status  # noqa: E402
+from common.errors import exit_status
 
 PROG = "export.py"
 REPO = "attnmt"
@@ -40,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from decoding.export import QUANTIZATIONS
+    from export.convert import QUANTIZATIONS
 
     parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{hf,ct2}")
@@ -64,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> str:
     """Export; returns the summary line."""
-    from decoding import export
-    from decoding.checkpoint import load_for_inference, resolve_checkpoint
+    from checkpoint import load_for_inference, resolve_checkpoint
+    from export import convert as export
 
     export.check_output(args.output, args.force)
     path = resolve_checkpoint(args.checkpoint)

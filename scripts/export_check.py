@@ -9,7 +9,7 @@ Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to 
 and with ours (`translate.py --beam 1`), and prints, for each export, on how many sentences
 its output ids are identical to ours, with the seconds it took (and BLEU/chrF with `--ref`).
 Every system gets our per-sentence length budget, int(max_len_a * src_len + max_len_b) tokens
-(`decoding.export.hf_search_ids` / `ct2_search_ids`), so a difference is a difference in the
+(`export.convert.hf_search_ids` / `ct2_search_ids`), so a difference is a difference in the
 model's numbers, not in the search. An export that cannot run here (a pre-norm model for
 Transformers, a package not installed) is reported as skipped.
 """
@@ -22,9 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
-
-from common.errors import UserError, exit_status  # noqa: E402
+from common.errors import UserError, exit_status
 
 PROG = "export_check.py"
 
@@ -44,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="also time ours and the CTranslate2 exports R times each, interleaved, at --beam, "
         "each system in one call over all sentences (sentences/s: median, min-max; "
-        "scripts/benchmark.py --run compares all systems)",
+        "benchmarks/benchmark.py --run compares all systems)",
     )
     parser.add_argument("--beam", type=int, default=5, help="beam size of the --speed runs")
     return parser
@@ -53,11 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> list[str]:
     import torch
 
+    from checkpoint import load_for_inference, resolve_checkpoint
     from common.files import read_src_ref
-    from decoding import export
-    from decoding.checkpoint import load_for_inference, resolve_checkpoint
     from decoding.config import SearchConfig
     from evaluation.bleu import corpus_bleu, corpus_chrf
+    from export import convert as export
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -124,13 +122,13 @@ def run(args: argparse.Namespace) -> list[str]:
 
 def speed(args, path: Path, src_ids, folders: Path, score) -> list[str]:
     """Sentences/s of ours and of each CTranslate2 export at `--beam`, R interleaved repeats
-    (`evaluation.peers`, the timing `scripts/benchmark.py --run` reports: each system in a
+    (`benchmarks.peers`, the timing `benchmarks/benchmark.py --run` reports: each system in a
     process of its own, the peers get ours' length-sorted batches of `--batch-size`, each
     with the batch's largest budget). BLEU is that of the last repeat's output."""
     import torch
 
+    from benchmarks import peers
     from decoding.config import SearchConfig
-    from evaluation import peers
 
     cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
     threads = args.threads or torch.get_num_threads()

@@ -22,16 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from common.errors import UserError  # noqa: E402
-from data.dataset import cache_root  # noqa: E402
-from training.build import Data, load_data  # noqa: E402
-from training.config import Configs  # noqa: E402
+from common.errors import UserError
+from data.dataset import cache_root
+from training.build import Data, load_data
+from training.config import Configs
 
 PROG = "prepare_data.py"
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -9,8 +9,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
 from data.tokenizer import Tokenizer
-from decoding.checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
 from tests.helpers_decoding import SEARCH_MODEL, tiny_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "average_checkpoints.py"

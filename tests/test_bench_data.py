@@ -1,4 +1,4 @@
-"""`scripts/bench_data.py`: the grown corpora are aligned, varied, and the stages run."""
+"""`benchmarks/bench_data.py`: the grown corpora are aligned, varied, and the stages run."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import json
 import subprocess
 import sys
 
+from benchmarks.bench_data import build_corpus, read_lines
 from tests.train_helpers import ROOT, TOY
-
-sys.path.insert(0, str(ROOT))
-from scripts.bench_data import build_corpus, read_lines  # noqa: E402
 
 
 def test_grown_corpus_is_aligned_and_mixes_single_and_joined_pairs(tmp_path):
@@ -29,7 +27,7 @@ def test_grown_corpus_is_aligned_and_mixes_single_and_joined_pairs(tmp_path):
 
 
 def test_one_size_reports_every_stage(tmp_path):
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_data.py"), "--corpus", str(TOY)]
+    cmd = [sys.executable, "-m", "benchmarks.bench_data", "--corpus", str(TOY)]
     cmd += ["--langs", "de", "en", "--sizes", "300", "--work", str(tmp_path), "--json"]
     cmd += ["--experiment=multi30k_de_en", "--override=tokenizer.vocab_size=100"]
     cmd += ["--override=data.test_splits=[test]", "--override=data.hub_name=null"]

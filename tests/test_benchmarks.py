@@ -1,4 +1,4 @@
-"""Smoke tests of scripts/benchmark.py and scripts/bench_translate.py (tiny sizes, one thread).
+"""Smoke tests of benchmarks/benchmark.py and benchmarks/bench_translate.py (tiny sizes, one thread).
 
 No timing assertion: they check that the scripts run, report positive numbers, write the
 expected JSON, and that the peers and the no-cache baseline compute what ours computes.
@@ -18,9 +18,10 @@ from types import ModuleType
 import pytest
 import torch
 
+from benchmarks import bench_translate, benchmark
+from checkpoint import model_payload, save_checkpoint
 from common.errors import UserError
 from decoding import SearchConfig, beam_search, greedy_search
-from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.translator import length_sorted_batches
 from decoding.uncached import UncachedModel
 from tests.helpers_decoding import (
@@ -33,20 +34,16 @@ from tests.helpers_decoding import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-# benchmark.py imports bench_model from scripts/
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def load_script(name: str) -> ModuleType:
+    """A user tool of scripts/ (not a package) as a module."""
     spec = importlib.util.spec_from_file_location(f"attnmt_{name}", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
-
-benchmark = load_script("benchmark")
-bench_translate = load_script("bench_translate")
 
 TINY_FLAGS = [
     "--device", "cpu", "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96",
@@ -238,9 +235,9 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     its own budget (the others run on to the batch's budget)."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
-    from decoding import export
+    from benchmarks import peers
     from decoding.ensemble import load_ensemble
-    from evaluation import peers
+    from export import convert as export
 
     run, src, _ = trained_run
     model, tokenizer = load_ensemble([run / "checkpoints" / "best.pt"])
@@ -255,7 +252,7 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
         # time is continuous batching): the same ids, in input order
         assert peers.ours_system(model, tokenizer, inter_threads=2)(src_ids, cfg) == ours
         with pytest.MonkeyPatch.context() as patch:  # the CTranslate2 side builds no model
-            patch.setattr("decoding.checkpoint.build_model", pytest.fail)
+            patch.setattr("checkpoint.build_model", pytest.fail)
             ct2_inter = peers.ct2_from_folder(tmp, str(run / "checkpoints" / "best.pt"), 2, 2)
         assert ct2_inter(src_ids, cfg) == ct2
     assert len(length_sorted_batches(src_ids, cfg.batch_size)) > 2
@@ -327,11 +324,12 @@ def test_export_check_speed_uses_the_shared_timing(
 
 
 def run_script(name: str, *args: str) -> str:
-    """stdout of `scripts/<name>.py args` run as a command (fails the test on a non-zero exit)."""
+    """stdout of `python -m benchmarks.<name> args`, run from the repo root as a command (fails
+    the test on a non-zero exit)."""
+    command = [sys.executable, "-m", f"benchmarks.{name}", *args]
     return subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout  # fmt: skip
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True
+    ).stdout
 
 
 def compared_ops(out: str) -> list[str]:
@@ -342,7 +340,7 @@ def compared_ops(out: str) -> list[str]:
 
 
 def test_bench_train_ops_prints_both_comparisons() -> None:
-    """scripts/bench_train_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
+    """benchmarks/bench_train_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
     out = run_script(
         "bench_train_ops", "--batch", "2", "--len", "8", "--dim", "16", "--vocab", "50",
         "--threads", "1", "--rounds", "1", "--repeats", "2",
@@ -356,8 +354,8 @@ def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Pa
     that fails to build gives its message as a UserError."""
     import multiprocessing
 
+    from benchmarks import peers
     from decoding.ensemble import load_ensemble
-    from evaluation import peers
 
     run, src, _ = trained_run
     path = str(run / "checkpoints" / "best.pt")
@@ -378,7 +376,7 @@ def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Pa
 
 
 def test_bench_decode_ops_prints_every_comparison() -> None:
-    """scripts/bench_decode_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
+    """benchmarks/bench_decode_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
     out = run_script(
         "bench_decode_ops", "--rows", "3", "--dim", "32", "--ff", "64", "--vocab", "640",
         "--beam", "2", "--threads", "1", "--repeats", "2",
@@ -410,11 +408,9 @@ def test_bench_malloc_compares_both_settings(trained_run: tuple[Path, Path, Path
 
 
 def test_bench_malloc_names_a_missing_checkpoint(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_malloc.py"), "-c", str(tmp_path / "no.pt"),
-         "--src", str(tmp_path / "src.txt")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "benchmarks.bench_malloc", "-c", str(tmp_path / "no.pt")]
+    command += ["--src", str(tmp_path / "src.txt")]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
         f"bench_malloc.py: error: checkpoint not found: {tmp_path / 'no.pt'}; pass a run dir or "

@@ -8,8 +8,8 @@ from contextlib import nullcontext
 import pytest
 import torch
 
+from checkpoint import load_checkpoint
 from data.batching import collate
-from decoding.checkpoint import load_checkpoint
 from tests.train_helpers import params, run_train, toy, toy_cfg
 from training import build
 from training.config import ConfigError, Configs

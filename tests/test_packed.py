@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decoding.checkpoint import model_payload, save_checkpoint
+from checkpoint import model_payload, save_checkpoint
 from decoding.config import SearchConfig
 from decoding.ensemble import load_ensemble
 from decoding.search import beam_search, greedy_search

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoint import model_payload, save_checkpoint
 from common.errors import UserError
 from decoding import SearchConfig, Translator, cli
-from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.search import beam_search
 from model import MultiHeadAttention, padding_mask
 from model.quantize import quantize_dynamic_int8

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoint import load_checkpoint
 from common.memory import on_glibc
 from data.batching import collate
-from decoding.checkpoint import load_checkpoint
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import TrainingError, _Window, fit, train_step

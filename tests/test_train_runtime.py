@@ -15,8 +15,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from checkpoint import load_checkpoint, save_checkpoint
 from data.batching import collate, prefetch
-from decoding.checkpoint import load_checkpoint, save_checkpoint
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import _updates, fit

@@ -21,10 +21,10 @@ import pytest
 import torch
 
 import translate
+from checkpoint import model_payload, save_checkpoint
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
 from decoding import translator as translator_module
-from decoding.checkpoint import model_payload, save_checkpoint
 from decoding.ensemble import Ensemble
 from decoding.plot import heatmap_image, heatmap_tensor
 from model.quantize import quantize_dynamic_int8

@@ -26,10 +26,10 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from checkpoint import load_checkpoint
 from common.errors import UserError
 from common.memory import keep_freed_memory
 from data.batching import Batch, BatchIterator, prefetch
-from decoding.checkpoint import load_checkpoint
 from training import build, distributed, evaluate
 from training.config import Configs
 from training.logger import TrainLogger

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from decoding.checkpoint import (
+from checkpoint import (
     CheckpointError,
     keep_newest_step_checkpoints,
     load_checkpoint,

@@ -12,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from training import build, loop
 
-from training import build, loop  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 RANK = int(os.environ.get("RANK", "0"))
 

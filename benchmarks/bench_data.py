@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """How the data path grows with the corpus: seconds per stage, peak memory, cache size.
 
-    python scripts/bench_data.py --corpus ../shared/data/tatoeba_en_de \\
+    python -m benchmarks.bench_data --corpus ../shared/data/tatoeba_en_de \\
         --sizes 30000 300000 1000000 4500000 --work /tmp/bench_data
-    python scripts/bench_data.py --corpus ../shared/data/tatoeba_en_de --sizes 1000000 \\
+    python -m benchmarks.bench_data --corpus ../shared/data/tatoeba_en_de --sizes 1000000 \\
         --work /tmp/bench_data --train-start     # train.py start -> first update, +/- prepare
 
 Corpora of each size are built from a real one (default: Tatoeba en-de, 166k pairs) by sampling
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from anywhere
+
 
 STAGES = ("load", "filter", "sentencepiece", "encode", "first_batch")
 

@@ -6,8 +6,8 @@ Translates the first `--limit` input sentences (one search batch, length-sorted 
 self CPU time (what each op spends itself, its children excluded) and the wall time.
 
 Usage:
-    python scripts/profile_decode.py -c RUN_DIR --input test.en --beam 5
-    python scripts/profile_decode.py -c RUN_DIR --input test.en --beam 1 --rows 25
+    python -m benchmarks.profile_decode -c RUN_DIR --input test.en --beam 5
+    python -m benchmarks.profile_decode -c RUN_DIR --input test.en --beam 1 --rows 25
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common.files import read_lines
+from decoding import SearchConfig, Translator
 
-from common.files import read_lines  # noqa: E402
-from decoding import SearchConfig, Translator  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,8 +16,8 @@ In one run:
       and their median.
 
 Usage:
-    python scripts/bench_translate.py -c RUN_DIR --input test.en --ref test.de
-    python scripts/bench_translate.py -c RUN_DIR --input test.en --ref test.de \\
+    python -m benchmarks.bench_translate -c RUN_DIR --input test.en --ref test.de
+    python -m benchmarks.bench_translate -c RUN_DIR --input test.en --ref test.de \\
         --limit-speed 100 --repeats 1 --json bench_translate.json
 """
 
@@ -36,15 +36,14 @@ from typing import Any
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common.errors import UserError
+from common.files import read_lines
+from decoding import SearchConfig, TextHypothesis, Translator
+from decoding.uncached import UncachedModel
+from evaluation.bleu import corpus_bleu, corpus_chrf
+from model import Transformer
 
-from common.errors import UserError  # noqa: E402
-from common.files import read_lines  # noqa: E402
-from decoding import SearchConfig, TextHypothesis, Translator  # noqa: E402
-from decoding.uncached import UncachedModel  # noqa: E402
-from evaluation.bleu import corpus_bleu, corpus_chrf  # noqa: E402
-from model import Transformer  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def n_target_tokens(hyps: list[list[TextHypothesis]]) -> int:
@@ -195,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     """Everything `main` does; user mistakes raise `UserError`."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    from decoding.checkpoint import load_for_inference
+    from checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(args.checkpoint, args.device)
     model.eval()

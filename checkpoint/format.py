@@ -145,7 +145,7 @@ def stored_tokenizer(ckpt: dict[str, Any], path: str | Path) -> Tokenizer:
 
     Building no model runs no torch op: what a process that hosts CTranslate2 needs, since a
     torch op there makes the OpenMP runtime they share slow CTranslate2 down (see
-    `evaluation.peers.ct2_from_folder`)."""
+    `benchmarks.peers.ct2_from_folder`)."""
     try:
         return Tokenizer.from_state_dict(ckpt["tokenizer"])
     except (DataError, KeyError, TypeError) as e:

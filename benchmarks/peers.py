@@ -1,5 +1,5 @@
 """Ours and its peers decoding the same real sentences, timed: the one implementation behind
-`scripts/benchmark.py --run` and `scripts/export_check.py --speed`.
+`benchmarks/benchmark.py --run` and `scripts/export_check.py --speed`.
 
 A system is a function (source ids without specials, `SearchConfig`) -> the best target ids of
 each sentence, without BOS/EOS, in input order:
@@ -9,9 +9,9 @@ each sentence, without BOS/EOS, in input order:
   max_len_b)`), on a model loaded as `translate.py` loads it (`decoding.ensemble.load_ensemble`,
   also with `quantize="int8"`), with `inter_threads` batches at once as `--inter-threads`;
 * transformers (`transformers_system`): `MarianMTModel.generate` on our weights
-  (`decoding.export.to_marian`, sdpa attention);
+  (`export.convert.to_marian`, sdpa attention);
 * CTranslate2 (`ct2_system`): a `ctranslate2.Translator` on a folder written by
-  `decoding.export.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
+  `export.convert.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
   at a time or `inter_threads` at once (asynchronous `translate_batch` calls).
 
 The peers get the batches ours searches (`length_sorted_batches`: the same sentences together,
@@ -19,7 +19,7 @@ longest first), one `generate` / `translate_batch` call per batch with the large
 its sentences (both take one limit per call; a trained model's sentences end well before it).
 All systems start from the same ids and return ids: SentencePiece is outside the timings.
 
-Each system may run in a process of its own (`Isolated`): `scripts/benchmark.py --run` and
+Each system may run in a process of its own (`Isolated`): `benchmarks/benchmark.py --run` and
 `scripts/export_check.py --speed` do so, because in one process CTranslate2 slows torch down
 (see `Isolated`). Only one process computes at a time; the others wait on a pipe.
 
@@ -44,9 +44,9 @@ import torch
 
 from common.errors import UserError
 from data.tokenizer import Tokenizer
-from decoding import export
 from decoding.config import SearchConfig
 from decoding.translator import Translator, length_sorted_batches
+from export import convert as export
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
@@ -139,7 +139,7 @@ class Isolated:
     loaded (`LD_DEBUG=bindings`), so in one process both share one OpenMP runtime. Once
     CTranslate2 has made its own thread team, that runtime manages more threads than there are
     CPUs and throttles spin-waiting (libgomp's throttled spin count), so torch's worker threads
-    sleep between parallel regions. `scripts/check_peer_interference.py` (2 threads, greedy,
+    sleep between parallel regions. `benchmarks/check_peer_interference.py` (2 threads, greedy,
     512 test2016 sentences, 2026-11-23): ours 296-343 sent/s before a CTranslate2 call in the
     same process, 192-214 after it (0.56-0.72x), for as long as the process lives, with
     torch's second thread busy about half of each call instead of all of it;
@@ -170,7 +170,7 @@ def ours_from_checkpoint(
 
 def transformers_from_checkpoint(path: str) -> Search:
     """`transformers_system` on a checkpoint's weights."""
-    from decoding.checkpoint import load_for_inference
+    from checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(path, "cpu")
     return transformers_system(model, tokenizer)
@@ -185,7 +185,7 @@ def ct2_from_folder(
     CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-341 on
     512 test2016 sentences (`import torch` alone: no change; 2026-11-23, this VM), the other
     side of the shared OpenMP runtime described under `Isolated`."""
-    from decoding.checkpoint import load_checkpoint, stored_tokenizer
+    from checkpoint import load_checkpoint, stored_tokenizer
 
     tokenizer = stored_tokenizer(load_checkpoint(checkpoint), checkpoint)
     return ct2_system(Path(folder), tokenizer, threads, inter_threads)

@@ -12,8 +12,8 @@ What is timed (each model gets the same random batch, the same precision, the sa
   Peers: `MarianMTModel` built from a `MarianConfig` of the same sizes (shared + tied
   embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
   `torch.nn.Transformer` inside the same embeddings/positions/tied output
-  (`scripts/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
-  through `decoding.export.to_marian`, the model dimension permuted to fit its [sin | cos]
+  (`benchmarks/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
+  through `export.convert.to_marian`, the model dimension permuted to fit its [sin | cos]
   position table), so the three run the same numbers; Marian then computes exactly our
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
@@ -24,7 +24,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
   sentence. CTranslate2 (peer `ctranslate2`, float32 and int8, on our weights through
-  `decoding.export.export_ct2`) has no forced EOS: it gets `min_decoding_length =
+  `export.convert.export_ct2`) has no forced EOS: it gets `min_decoding_length =
   max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each).
   Forced lengths give every system the same work, but they hide what a search earns on real
   input by dropping finished sentences from the batch: `--run` measures that.
@@ -33,7 +33,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `--quantize int8`), `MarianMTModel.generate` on our weights, and CTranslate2 float32 and
   int8, at every `--beams`, batches of `--decode-batch`, `--threads` (default 2) threads; one
   table of sentences/s, sacreBLEU (with `--ref`) and ours / each system
-  (`evaluation.peers`, shared with `scripts/export_check.py --speed`).
+  (`benchmarks.peers`, shared with `scripts/export_check.py --speed`).
 * GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
   achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul, and
   over the datasheet bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other
@@ -54,11 +54,11 @@ run's), 64 sentences decoded to 24 tokens, fp32 eager. GPU defaults: preset base
 16384-token batches, fp32 / bf16 / bf16 + torch.compile.
 
 Usage:
-    python scripts/benchmark.py                                  # CPU defaults
-    python scripts/benchmark.py --preset small --batch-tokens 4096 --json bench.json
-    python scripts/benchmark.py --device cuda --preset base --variants fp32,bf16,bf16+compile
-    python scripts/benchmark.py --profile                        # + torch.profiler tables
-    python scripts/benchmark.py --run RUN_DIR --src test2016.en --ref test2016.de --repeats 3
+    python -m benchmarks.benchmark                                  # CPU defaults
+    python -m benchmarks.benchmark --preset small --batch-tokens 4096 --json bench.json
+    python -m benchmarks.benchmark --device cuda --preset base --variants fp32,bf16,bf16+compile
+    python -m benchmarks.benchmark --profile                        # + torch.profiler tables
+    python -m benchmarks.benchmark --run RUN_DIR --src test2016.en --ref test2016.de --repeats 3
 """
 
 from __future__ import annotations
@@ -81,21 +81,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from benchmarks import peers
+from benchmarks.bench_model import PeerModel, load_preset, preset_names
+from common.errors import UserError, exit_status
+from data.batching import Batch, collate
+from data.tokenizer import SpecialIds
+from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
+from export import convert as export
+from export.convert import to_marian
+from model import ModelConfig, Transformer
+from training.loss import label_smoothed_cross_entropy
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_model import PeerModel, load_preset, preset_names  # noqa: E402
-
-from common.errors import UserError, exit_status  # noqa: E402
-from data.batching import Batch, collate  # noqa: E402
-from data.tokenizer import SpecialIds  # noqa: E402
-from decoding import export  # noqa: E402
-from decoding.export import to_marian  # noqa: E402
-from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search  # noqa: E402
-from evaluation import peers  # noqa: E402
-from model import ModelConfig, Transformer  # noqa: E402
-from training.loss import label_smoothed_cross_entropy  # noqa: E402
 
 SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
 LABEL_SMOOTHING = 0.1
@@ -173,7 +170,7 @@ def build_models(
     models: dict[str, nn.Module] = {OURS: ours}
     if MARIAN in peers:
         # Our weights under Marian's names, the model dimension permuted so that Marian's own
-        # [sin | cos] position table is ours (decoding/export.py): the same function.
+        # [sin | cos] position table is ours (export/convert.py): the same function.
         models[MARIAN] = to_marian(ours, SPECIAL, max_positions, attn_implementation="sdpa")
     if TORCH in peers:
         peer = PeerModel(cfg)
@@ -530,7 +527,7 @@ def decode_marian(model: nn.Module, src: Tensor, beam: int, length: int) -> list
 
 
 class IdPieces:
-    """What `decoding.export.export_ct2` needs of a tokenizer, for random weights without a
+    """What `export.convert.export_ct2` needs of a tokenizer, for random weights without a
     SentencePiece model: id i is the piece "t<i>" (the specials keep their usual names).
     CTranslate2 speaks in pieces; these map them one to one to our ids."""
 
@@ -558,7 +555,7 @@ class IdPieces:
 def ct2_decoders(
     model: Transformer, vocab: int, folder: Path, device: torch.device
 ) -> dict[str, Callable[[Tensor, int, int], list[list[int]]]]:
-    """CTranslate2 float32 and int8 on our weights (`decoding.export.export_ct2`, which checks
+    """CTranslate2 float32 and int8 on our weights (`export.convert.export_ct2`, which checks
     the float32 folder against our log-probabilities), decoding a padded source batch to
     exactly L + 1 tokens: `min_decoding_length = max_decoding_length = L + 1` (it has no forced
     EOS), the same number of decoder steps as L tokens + EOS from the others."""
@@ -677,9 +674,9 @@ ATTNMT, ATTNMT_INT8 = "attnmt", "attnmt int8"
 
 def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     """A trained model on real sentences: ours, ours int8, transformers and CTranslate2
-    fp32/int8 at every --beams, through `evaluation.peers` (one table)."""
+    fp32/int8 at every --beams, through `benchmarks.peers` (one table)."""
+    from checkpoint import resolve_checkpoint
     from common.files import read_src_ref
-    from decoding.checkpoint import resolve_checkpoint
     from decoding.config import SearchConfig as Config
     from decoding.ensemble import load_ensemble
     from evaluation.bleu import corpus_bleu

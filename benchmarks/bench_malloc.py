@@ -1,23 +1,20 @@
 """Our search with and without `common.memory.keep_freed_memory` (what `translate.py` sets on
-the CPU), each in a process of its own, timed interleaved (`evaluation.peers`).
+the CPU), each in a process of its own, timed interleaved (`benchmarks.peers`).
 
-    python scripts/bench_malloc.py -c RUN_DIR --src test.en --limit 320 --beams 1,5
+    python -m benchmarks.bench_malloc -c RUN_DIR --src test.en --limit 320 --beams 1,5
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_translate import csv_ints  # noqa: E402  (a sibling script, on sys.path)
-
-from common.errors import exit_status  # noqa: E402
-from common.files import read_lines  # noqa: E402
-from decoding.checkpoint import load_for_inference, resolve_checkpoint  # noqa: E402
-from decoding.config import SearchConfig  # noqa: E402
-from evaluation import peers  # noqa: E402
+from benchmarks import peers
+from benchmarks.bench_translate import csv_ints
+from checkpoint import load_for_inference, resolve_checkpoint
+from common.errors import exit_status
+from common.files import read_lines
+from decoding.config import SearchConfig
 
 KEEP, DEFAULT = "keep freed memory", "malloc defaults"
 

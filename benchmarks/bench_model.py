@@ -14,9 +14,9 @@ sublayer outputs; by default our model gets the same three dropouts so the work 
 ends each stack with a LayerNorm (two extra, cheap LayerNorms for post-norm).
 
 Usage:
-    python scripts/bench_model.py                          # small preset, CPU, 64 x 30
-    python scripts/bench_model.py --preset base --device cuda --batch 128 --json bench.json
-    python scripts/bench_model.py --repeats 3 --profile    # + where the time goes
+    python -m benchmarks.bench_model                          # small preset, CPU, 64 x 30
+    python -m benchmarks.bench_model --preset base --device cuda --batch 128 --json bench.json
+    python -m benchmarks.bench_model --repeats 3 --profile    # + where the time goes
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import json
 import math
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -35,10 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from model import ModelConfig, SinusoidalPositionalEncoding, Transformer
 
-from model import ModelConfig, SinusoidalPositionalEncoding, Transformer  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PAD = 0
 

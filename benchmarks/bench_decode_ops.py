@@ -7,28 +7,26 @@ next-token scores: one `log_softmax` pass against `logsumexp`. Rows are a step's
 64 sentences greedy (64) or beam 5 (320). Prints the median microseconds per call of each,
 interleaved (A B, B A, ...), and theirs / ours.
 
-    python scripts/bench_decode_ops.py                       # d_model 256, ff 1024, vocab 8000
-    python scripts/bench_decode_ops.py --rows 64 320 --threads 4
+    python -m benchmarks.bench_decode_ops                       # d_model 256, ff 1024, vocab 8000
+    python -m benchmarks.bench_decode_ops --rows 64 320 --threads 4
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from decoding.search import topk  # noqa: E402
-from evaluation import peers  # noqa: E402
-from model.packed import PackedLinear, packing_available  # noqa: E402
+from benchmarks import peers
+from decoding.search import topk
+from model.packed import PackedLinear, packing_available
 
 
 def compare(name: str, ours, theirs, repeats: int) -> None:
-    """Median microseconds per call of each (`evaluation.peers.compare_ops`); the warm-up
+    """Median microseconds per call of each (`benchmarks.peers.compare_ops`); the warm-up
     calls pack the weights."""
     peers.compare_ops(name, ours, theirs, repeats, unit="us", warmup=3, width=42)
 

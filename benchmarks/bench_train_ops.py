@@ -5,23 +5,20 @@ Bernoulli sample per element, and autograd through log-softmax + gather + mean m
 passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
 forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
 
-    python scripts/bench_train_ops.py                      # (64, 32, 256) bf16, vocab 8000
-    python scripts/bench_train_ops.py --dtype float32 --threads 4
+    python -m benchmarks.bench_train_ops                      # (64, 32, 256) bf16, vocab 8000
+    python -m benchmarks.bench_train_ops --dtype float32 --threads 4
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from evaluation import peers  # noqa: E402
-from model.dropout import dropout  # noqa: E402
-from training.loss import label_smoothed_cross_entropy  # noqa: E402
+from benchmarks import peers
+from model.dropout import dropout
+from training.loss import label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -37,7 +34,7 @@ def autograd_loss(logits, target, eps):
 
 
 def compare(name: str, ours, theirs, repeats: int) -> None:
-    """Median milliseconds of each, timed interleaved (`evaluation.peers.compare_ops`)."""
+    """Median milliseconds of each, timed interleaved (`benchmarks.peers.compare_ops`)."""
     peers.compare_ops(name, ours, theirs, repeats, unit="ms", warmup=1, width=34)
 
 

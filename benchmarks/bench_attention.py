@@ -5,8 +5,8 @@ Why attention under bf16 autocast on the CPU does not use `F.scaled_dot_product_
 fp32, most of all its backward, while plain bf16 matmuls with an fp32 softmax are faster than
 either. Prints the median milliseconds of forward + backward per case.
 
-    python scripts/bench_attention.py                 # B=112 H=4 T=18 S=17 Dh=64, 2 threads
-    python scripts/bench_attention.py --batch 64 --len 30 --threads 4
+    python -m benchmarks.bench_attention                 # B=112 H=4 T=18 S=17 Dh=64, 2 threads
+    python -m benchmarks.bench_attention --batch 64 --len 30 --threads 4
 """
 
 from __future__ import annotations

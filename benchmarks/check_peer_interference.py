@@ -1,4 +1,4 @@
-"""Does running CTranslate2 in this process slow our decoder down? (Why `evaluation.peers`
+"""Does running CTranslate2 in this process slow our decoder down? (Why `benchmarks.peers`
 runs each system in a process of its own.)
 
 Times ours (`translate.py`'s search, greedy) `--repeats` times, then CTranslate2 float32 on
@@ -6,9 +6,9 @@ the same sentences, then ours again, all in this one process, and prints sentenc
 each call with the CPU time of every thread that worked (from /proc, Linux): with a shared
 OpenMP runtime, torch's worker threads go from busy the whole call to sleeping part of it.
 The CTranslate2 figures it prints are slowed the other way (torch has run here first: see
-`evaluation.peers.ct2_from_folder`); they are not CTranslate2's speed.
+`benchmarks.peers.ct2_from_folder`); they are not CTranslate2's speed.
 
-    python scripts/check_peer_interference.py -c RUN_DIR --src test.en --limit 512
+    python -m benchmarks.check_peer_interference -c RUN_DIR --src test.en --limit 512
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.files import read_lines  # noqa: E402
-from decoding import export  # noqa: E402
-from decoding.config import SearchConfig  # noqa: E402
-from decoding.ensemble import load_ensemble  # noqa: E402
-from evaluation import peers  # noqa: E402
+from benchmarks import peers
+from common.files import read_lines
+from decoding.config import SearchConfig
+from decoding.ensemble import load_ensemble
+from export import convert as export
 
 
 def thread_ticks() -> dict[str, int]:

@@ -635,7 +635,7 @@ def _fp32_model(model: Transformer) -> Transformer:
 
 def budgets(src_ids: list[list[int]], special: SpecialIds, cfg: SearchConfig) -> list[int]:
     """Our output budget of each sentence (`decoding.search.max_lengths`, the same float64
-    arithmetic, in Python: no torch op, see `evaluation.peers.ct2_from_folder`); 0 for an
+    arithmetic, in Python: no torch op, see `benchmarks.peers.ct2_from_folder`); 0 for an
     empty source, which our search never decodes."""
     not_counted = {special.pad, special.eos}
     return [

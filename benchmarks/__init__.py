@@ -1,0 +1,1 @@
+"""Benchmarks and diagnostics (not installed): run from the repo root as `python -m benchmarks.NAME`."""

@@ -1,0 +1,32 @@
+"""The checkpoint format, below both training and decoding: save (atomic), safe load, and
+rebuilding the model and tokenizer a checkpoint holds (`checkpoint.format`)."""
+
+from checkpoint.format import (
+    FORMAT_VERSION,
+    CheckpointError,
+    InferenceBundle,
+    build_model,
+    keep_newest_step_checkpoints,
+    load_checkpoint,
+    load_for_inference,
+    model_payload,
+    resolve_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+    stored_tokenizer,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "InferenceBundle",
+    "build_model",
+    "keep_newest_step_checkpoints",
+    "load_checkpoint",
+    "load_for_inference",
+    "model_payload",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "step_checkpoints",
+    "stored_tokenizer",
+]
