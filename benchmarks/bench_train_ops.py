@@ -1,6 +1,6 @@
 """Dropout and the training loss, forward + backward on the CPU, ours beside PyTorch's.
 
-Why `model/dropout.py` and `training/loss.py` exist in their form: `F.dropout` draws one
+Why `model/kernels.py` and `model/kernels.py` exist in their form: `F.dropout` draws one
 Bernoulli sample per element, and autograd through log-softmax + gather + mean makes several
 passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
 forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import peers
-from model.dropout import dropout
-from training.loss import label_smoothed_cross_entropy
+from model.kernels import dropout
+from model.kernels import label_smoothed_cross_entropy
 
 PAD = 0
 
 
 def autograd_loss(logits, target, eps):
-    """The formula with plain autograd (what training/loss.py computed before 2026-11-23)."""
+    """The formula with plain autograd (what model/kernels.py computed before 2026-11-23)."""
     log_probs = F.log_softmax(logits.float(), dim=-1)
     nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     smooth = -log_probs.mean(dim=-1)

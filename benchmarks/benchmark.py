@@ -90,7 +90,7 @@ from decoding.search import SearchConfig, SearchResult, beam_search, greedy_sear
 from export import convert as export
 from export.convert import to_marian
 from model import ModelConfig, Transformer
-from training.loss import label_smoothed_cross_entropy
+from model.kernels import label_smoothed_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
 

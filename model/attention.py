@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.dropout import Dropout, dropout
+from model.kernels import Dropout, dropout
 from model.packed import PackedLinear
 
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
 from model.config import ModelConfig
-from model.dropout import Dropout, dropout
+from model.kernels import Dropout, dropout
 from model.packed import PackedLinear
 
 

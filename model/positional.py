@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from model.dropout import Dropout
+from model.kernels import Dropout
 
 
 def sinusoid_table(n_positions: int, d_model: int) -> Tensor:

@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 from data.batching import Batch, collate
 from tests.train_helpers import ROOT, toy, train_cmd
 from training.build import wrap_model
-from training.loss import label_smoothed_cross_entropy
+from model.kernels import label_smoothed_cross_entropy
 
 pytestmark = pytest.mark.slow
 

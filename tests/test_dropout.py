@@ -1,11 +1,11 @@
-"""model/dropout.py: the CPU dropout is dropout (rate, scale, gradient, seeding, modes)."""
+"""model/kernels.py: the CPU dropout is dropout (rate, scale, gradient, seeding, modes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model.dropout import Dropout, dropout
+from model.kernels import Dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])

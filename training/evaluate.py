@@ -22,7 +22,7 @@ from decoding.search import SearchConfig
 from decoding.translator import Translator
 from evaluation import corpus_bleu, corpus_chrf
 from training import distributed
-from training.loss import label_smoothed_cross_entropy
+from model.kernels import label_smoothed_cross_entropy
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

@@ -33,7 +33,7 @@ from data.batching import Batch, BatchIterator, prefetch
 from training import build, distributed, evaluate
 from training.config import Configs
 from training.logger import TrainLogger
-from training.loss import label_smoothed_cross_entropy
+from model.kernels import label_smoothed_cross_entropy
 from training.run_dir import RunDirLock
 from training.state import Trainee, TrainState, resume, save, seed_everything
 from training.stop import StopRequests
