@@ -1,6 +1,6 @@
 """A decoding step's heavy ops on the CPU, ours beside PyTorch's default, at search shapes.
 
-Why `model/packed.py` and `decoding.search.topk` exist: `F.linear` hands float32 matmuls to
+Why `engine/packed.py` and `decoding.search.topk` exist: `F.linear` hands float32 matmuls to
 MKL, which packs the weight again on every call, where oneDNN packs it once; and torch's CPU
 `topk` does not vectorise, where a chunked search over `amax` does. Also the normaliser of the
 next-token scores: one `log_softmax` pass against `logsumexp`. Rows are a step's decoder rows:
@@ -22,7 +22,7 @@ from torch import nn
 
 from benchmarks import peers
 from decoding.search import topk
-from model.packed import PackedLinear, packing_available
+from engine.packed import PackedLinear, packing_available
 
 
 def compare(name: str, ours, theirs, repeats: int) -> None:

@@ -678,13 +678,13 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     from checkpoint import resolve_checkpoint
     from common.files import read_src_ref
     from decoding.config import SearchConfig as Config
-    from decoding.ensemble import load_ensemble
+    from engine import load_engine
     from evaluation.bleu import corpus_bleu
 
     if args.device != "cpu":
         raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")
     path = resolve_checkpoint(args.run)
-    model, tokenizer = load_ensemble([path])  # for the exports and checks; timed in workers
+    model, tokenizer = load_engine([path])  # for the exports and checks; timed in workers
     lines, refs = read_src_ref(args.src, args.ref, args.limit)
     if not lines:
         raise UserError(f"--src {args.src} has no sentences")

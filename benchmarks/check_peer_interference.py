@@ -25,7 +25,7 @@ import torch
 from benchmarks import peers
 from common.files import read_lines
 from decoding.config import SearchConfig
-from decoding.ensemble import load_ensemble
+from engine import load_engine
 from export import convert as export
 
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_ensemble([args.checkpoint])
+    model, tokenizer = load_engine([args.checkpoint])
     lines = read_lines(args.src, "--src")[: args.limit]
     src_ids = tokenizer.encode_src([line.strip() for line in lines])
     cfg = SearchConfig(beam_size=1, batch_size=64)

@@ -6,7 +6,7 @@ each sentence, without BOS/EOS, in input order:
 
 * ours (`ours_system`): `Translator.search_ids`, the search `translate.py` runs (length-sorted
   batches of `cfg.batch_size`, each sentence its own budget `int(max_len_a * src_len +
-  max_len_b)`), on a model loaded as `translate.py` loads it (`decoding.ensemble.load_ensemble`,
+  max_len_b)`), on a model loaded as `translate.py` loads it (`engine.load_engine`,
   also with `quantize="int8"`), with `inter_threads` batches at once as `--inter-threads`;
 * transformers (`transformers_system`): `MarianMTModel.generate` on our weights
   (`export.convert.to_marian`, sdpa attention);
@@ -160,11 +160,11 @@ def ours_from_checkpoint(
     `keep_memory=False`): call it in a worker (`Isolated`), since that setting is
     process-wide."""
     from common.memory import keep_freed_memory
-    from decoding.ensemble import load_ensemble
+    from engine import load_engine
 
     if keep_memory:
         keep_freed_memory()
-    model, tokenizer = load_ensemble([path], "cpu", quantize)
+    model, tokenizer = load_engine([path], "cpu", quantize)
     return ours_system(model, tokenizer, inter_threads)
 
 

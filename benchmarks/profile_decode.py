@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    from decoding.ensemble import load_ensemble
+    from engine import load_engine
 
-    model, tokenizer = load_ensemble([args.checkpoint], "cpu", args.quantize)  # as translate.py
+    model, tokenizer = load_engine([args.checkpoint], "cpu", args.quantize)  # as translate.py
     lines = read_lines(args.input, "--input")[: args.limit]
     cfg = SearchConfig(beam_size=args.beam, batch_size=len(lines))
     translator = Translator(model, tokenizer, cfg)

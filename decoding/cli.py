@@ -286,12 +286,12 @@ def run(args: argparse.Namespace) -> None:
         precision = autocast(device, args.precision)
 
         from common.memory import keep_freed_memory
-        from decoding.ensemble import load_ensemble
         from decoding.translator import Translator
+        from engine import load_engine
 
         if device == "cpu":  # resolve_device gives "cpu" or "cuda"
             keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
-        model, tokenizer = load_ensemble(args.checkpoint, device, args.quantize)
+        model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
         translator = Translator(model, tokenizer, cfg, device, args.inter_threads)
         output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
         with output as out, precision:

@@ -19,21 +19,17 @@ d_model.
   instead). Averaging logits rather than log-probabilities saves n log-softmaxes and makes an
   ensemble of one, or of identical copies, compute exactly the single model's numbers.
 
-Members must share the tokenizer (`load_ensemble` checks it): the same ids must mean the same
+Members must share the tokenizer (`engine.load_engine` checks it): the same ids must mean the same
 pieces, on both sides.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from checkpoint import CheckpointError, load_for_inference
-from data.tokenizer import Tokenizer
-from model.packed import pack_linears
 from model.transformer import AttentionMaps
 
 
@@ -93,39 +89,3 @@ class Ensemble(nn.Module):
     def attention_maps(self, src_ids: Tensor, tgt_in: Tensor) -> AttentionMaps:
         """The first member's attention weights (members' maps differ in shape; not averaged)."""
         return self.members[0].attention_maps(src_ids, tgt_in)
-
-
-def load_ensemble(
-    paths: Sequence[str | Path], device: str | torch.device = "cpu", quantize: str = "none"
-) -> tuple[nn.Module, Tokenizer]:
-    """Checkpoints or run dirs -> (the model, or an `Ensemble` of several, on `device`;
-    their tokenizer). `quantize="int8"` gives each model int8 linear layers
-    (`model.quantize.quantize_dynamic_int8`, CPU only); otherwise, on the CPU, every linear
-    layer runs oneDNN's pre-packed matmul (`model.packed.pack_linears`).
-
-    Raises:
-        CheckpointError: a checkpoint is unusable, or its tokenizer (SentencePiece models or
-            special ids) differs from the first one's.
-    """
-    if not paths:
-        raise ValueError("load_ensemble needs at least one checkpoint")
-    models, tokenizer = [], None
-    for path in paths:
-        model, tok, _ = load_for_inference(path, device)
-        if tokenizer is None:
-            tokenizer = tok
-        elif tok.state_dict() != tokenizer.state_dict() or tok.special != tokenizer.special:
-            raise CheckpointError(
-                f"-c {path} was trained with a different tokenizer than -c {paths[0]} "
-                "(SentencePiece model or special ids differ); ensemble only checkpoints that "
-                "share one tokenizer (the same spm.model)"
-            )
-        if quantize == "int8":
-            from model.quantize import quantize_dynamic_int8
-
-            quantize_dynamic_int8(model, inplace=True)
-        elif torch.device(device).type == "cpu":
-            pack_linears(model)  # oneDNN's pre-packed matmuls: same numbers, less time
-        models.append(model)
-    assert tokenizer is not None
-    return (models[0] if len(models) == 1 else Ensemble(models)), tokenizer

@@ -30,6 +30,7 @@ Conventions (fairseq's `SequenceGenerator`, simplified):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -55,7 +56,7 @@ class Seq2SeqModel(Protocol):
 
     `decode` gets one row of `memory` and `src_mask` per live sentence (B) and one row of
     `tgt_ids` per live hypothesis: N = B * K, the K hypotheses of a sentence in consecutive
-    rows. `new_caches` returns caches with the methods of `model.attention.KVCache`: search
+    rows. `new_caches` returns caches with the methods of `model.KVCache`: search
     keeps them in step with its rows through `reorder(rows, sentences)` (sentences pruned or
     the beam widened) and `reorder_beams(rows)` (beams re-ranked within their sentences).
     """
@@ -67,6 +68,21 @@ class Seq2SeqModel(Protocol):
     ) -> Tensor: ...
 
     def new_caches(self) -> list: ...
+
+
+class ContinuousGreedy(Protocol):
+    """A model that runs greedy search itself with continuous batching (`engine.Engine`):
+    `Translator` hands it the sentences when `continuous_batching` is true."""
+
+    continuous_batching: bool
+
+    def greedy_search_continuous(
+        self,
+        src_ids: list[list[int]],
+        special: SpecialTokens,
+        cfg: SearchConfig,
+        progress: Callable[[int], object] | None = None,
+    ) -> list[list[Hypothesis]]: ...
 
 
 class Hypothesis(NamedTuple):

@@ -13,13 +13,10 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
 from data.batching import encode_source_batch
 from data.tokenizer import Tokenizer
-from decoding.continuous import continuous_greedy_search
 from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
-from model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +41,10 @@ class Translator:
     """Translates lists of sentences with greedy or beam search (`search_cfg.beam_size`).
 
     Sentences are sorted by length and searched in batches of `search_cfg.batch_size`, so
-    that padding stays small; results come back in input order. Greedy search (one float
-    model, `inter_threads` 1) keeps `batch_size` sentences in flight instead: a finished
-    sentence's row takes the next one at once (`decoding.continuous`), with the same outputs
-    up to float rounding. Empty (or whitespace-only) sentences give empty translations without
+    that padding stays small; results come back in input order. Greedy search on a model that
+    offers continuous batching (`decoding.search.ContinuousGreedy`: one float `engine.Engine`),
+    with `inter_threads` 1, keeps `batch_size` sentences in flight instead: a finished
+    sentence's row takes the next one at once, with the same outputs up to float rounding. Empty (or whitespace-only) sentences give empty translations without
     reaching the model. The model is put in eval mode while translating and restored
     afterwards, so a trainer can call this mid-training.
 
@@ -58,8 +55,9 @@ class Translator:
     see docs/benchmarks.md). The caller's autocast (bf16) reaches the worker threads.
 
     Args:
-        model: the Transformer (or a `decoding.ensemble.Ensemble` of several), already on
-            `device`.
+        model: what search runs (`decoding.search.Seq2SeqModel`): a `model.Transformer`, an
+            `engine.Engine` built from one (what `translate.py` uses), or an `Ensemble`;
+            already on `device`.
         tokenizer: the tokenizer the model was trained with.
         search_cfg: decoding options; the defaults of `SearchConfig` when None.
         device: where the inputs go; the model's device when None.
@@ -126,10 +124,9 @@ class Translator:
         if self._continuous():
             order = [i for chunk in batches for i in chunk]
             with self._eval_mode():
-                found = continuous_greedy_search(
-                    self.model, [src_ids[i] for i in order], self.tokenizer.special,
-                    self.search_cfg, progress,
-                )  # fmt: skip
+                sources = [src_ids[i] for i in order]
+                special, cfg = self.tokenizer.special, self.search_cfg
+                found = self.model.greedy_search_continuous(sources, special, cfg, progress)
             for i, nbest in zip(order, found, strict=True):
                 results[i] = nbest
             return results
@@ -142,20 +139,13 @@ class Translator:
         return results
 
     def _continuous(self) -> bool:
-        """Whether greedy search runs with continuous batching (`decoding.continuous`): one
-        float Transformer (not an ensemble, not int8), one batch at a time.
-
-        Not int8: dynamic quantization scales activations per batch, so a row's output
-        depends on the rows beside it, which continuous batching changes at every step. On
-        test2016 (the `make train` checkpoint of docs/benchmarks.md's AVX2 runs, 2026-11-23)
-        int8 greedy BLEU went from 37.95 to 37.82 with it, against 38.15 in fp32 (identical
-        ids in fp32): past the 0.3 allowed.
-        """
+        """Whether greedy search runs with continuous batching: a model that offers it (an
+        `engine.Engine` that is not int8: see `decoding.search.ContinuousGreedy`), one batch at
+        a time."""
         return (
             self.search_cfg.beam_size == 1
             and self.inter_threads == 1
-            and isinstance(self.model, Transformer)
-            and not any(isinstance(m, DynamicQuantizedLinear) for m in self.model.modules())
+            and getattr(self.model, "continuous_batching", False)
         )
 
     def _search_all(

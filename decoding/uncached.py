@@ -51,10 +51,9 @@ class UncachedModel(nn.Module):
     def decode(
         self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
     ) -> Tensor:
-        m = self.model
         prefix = caches[0].append(tgt_ids)  # (N, offset + T)
         if prefix.size(1) != offset + tgt_ids.size(1):
             raise RuntimeError("the prefix cache is out of step with the search")
-        x = m.positional(m.tgt_embed(prefix) * m.embed_scale)  # (N, t, D), positions 0..t-1
-        hidden = m.decoder(x, memory, src_mask[:, None, None, :]).hidden  # (N, t, D), causal
-        return m.generator(hidden[:, -tgt_ids.size(1) :])  # (N, T, V): the new positions only
+        model, mask = self.model, src_mask[:, None, None, :]
+        hidden = model.decoder(model.embed_target(prefix), memory, mask).hidden  # (N, t, D)
+        return model.generator(hidden[:, -tgt_ids.size(1) :])  # (N, T, V): new positions only

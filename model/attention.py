@@ -9,6 +9,7 @@ Masks are bool and True means "may attend" (the convention of
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -16,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.kernels import Dropout, dropout
-from model.packed import PackedLinear
 
 
 class AttentionOutput(NamedTuple):
@@ -134,96 +134,39 @@ class AdditiveAttention(nn.Module):
 # ------------------------------------------------------------- multi-head attention
 
 
+@dataclass
 class KVCache:
-    """One decoder layer's cached keys and values, so that decoding a token costs one token.
+    """One decoder layer's cached keys and values, so that decoding a token costs one token
+    (fairseq's incremental state, typed).
 
-    Self-attention: the keys/values of the t decoded positions of each of the N rows
-    (hypotheses) live in preallocated buffers (N, H, capacity, Dh) that each step writes in
-    place, so a step never copies the past (`torch.cat` would copy all t positions per step);
-    the capacity doubles when a step would overflow it. `self_k`/`self_v` are views of the
-    filled part (N, H, t, Dh).
+    Self-attention: the keys/values of the t positions decoded so far, one row per hypothesis
+    (N rows); each step appends its position. Cross-attention: keys/values computed once from
+    the encoder output (fairseq's `static_kv`), one row per sentence (B rows): the K = N / B
+    hypotheses of a beam search (consecutive rows) all read their sentence's row.
 
-    Cross-attention: keys/values computed once from the encoder output (fairseq's
-    `static_kv`), one set per sentence, (B, H, S, Dh): the N = B * K rows of a beam search
-    (K consecutive rows per sentence) all read their sentence's set, which is never copied K
-    times (see `DecoderLayer`).
-
-    Search moves rows with `reorder` (sentences pruned, the beam widened) and `reorder_beams`
-    (beams re-ranked within their sentences).
+    Search keeps the rows in step with its hypotheses: `reorder_beams` after beams are
+    re-ranked within their sentences, `reorder` when sentences are pruned.
     """
 
-    def __init__(
-        self,
-        self_k: Tensor | None = None,  # (N, H, t, Dh) initial contents, copied
-        self_v: Tensor | None = None,
-        cross_k: Tensor | None = None,  # (B, H, S, Dh)
-        cross_v: Tensor | None = None,
-        capacity: int = 16,
-    ) -> None:
-        self.capacity = capacity  # positions a new buffer holds at first
-        self.length = 0  # t: positions filled
-        self._k: Tensor | None = None  # (N, H, capacity, Dh)
-        self._v: Tensor | None = None
-        self._spare: tuple[Tensor, Tensor] | None = None  # buffers the next reorder writes to
-        self.cross_k, self.cross_v = cross_k, cross_v
-        # (B, H, 1, S) 0 / -inf: the source mask as a score bias (`DecoderLayer.step`)
-        self.cross_bias: Tensor | None = None
-        # (N * H, 1, t) 0 / -inf, or None: which cached positions each row's query may see,
-        # for rows at different positions (`decoding.continuous`); None: all t of them
-        self.self_bias: Tensor | None = None
-        if self_k is not None and self_v is not None:
-            self.append(self_k, self_v)
-
-    @property
-    def self_k(self) -> Tensor | None:
-        """(N, H, t, Dh) view of the cached self-attention keys, None before the first step."""
-        return None if self._k is None else self._k[:, :, : self.length]
-
-    @property
-    def self_v(self) -> Tensor | None:
-        return None if self._v is None else self._v[:, :, : self.length]
+    self_k: Tensor | None = None  # (N, H, t, Dh)
+    self_v: Tensor | None = None
+    cross_k: Tensor | None = None  # (B, H, S, Dh)
+    cross_v: Tensor | None = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write T new positions (N, H, T, Dh) after the t cached ones, in place.
-
-        Returns all keys and values so far, (N, H, t + T, Dh) views of the buffers.
-        """
-        end = self.length + k.size(2)
-        if self._k is None or self._v is None:
-            shape = (k.size(0), k.size(1), max(self.capacity, end), k.size(3))
-            self._k, self._v = k.new_empty(shape), v.new_empty(shape)
-        elif end > self._k.size(2):  # full: double (amortised O(1) copies per position)
-            capacity = max(2 * self._k.size(2), end)
-            self._k, self._v = self._resized(self._k, capacity), self._resized(self._v, capacity)
-            self._spare = None
-        self._k[:, :, self.length : end].copy_(k)
-        self._v[:, :, self.length : end].copy_(v)
-        self.length = end
-        return self._k[:, :, :end], self._v[:, :, :end]
-
-    def _resized(self, buf: Tensor, capacity: int) -> Tensor:
-        new = buf.new_empty(buf.size(0), buf.size(1), capacity, buf.size(3))
-        new[:, :, : self.length].copy_(buf[:, :, : self.length])
-        return new
+        """Add T new positions (N, H, T, Dh); return all keys and values (N, H, t + T, Dh)."""
+        if self.self_k is None or self.self_v is None:
+            self.self_k, self.self_v = k, v
+        else:
+            self.self_k = torch.cat([self.self_k, k], dim=2)
+            self.self_v = torch.cat([self.self_v, v], dim=2)
+        return self.self_k, self.self_v
 
     def reorder_beams(self, rows: Tensor) -> None:
-        """Row i of the self-attention cache takes the history of row `rows[i]` (N',).
-
-        The sentences stay the same, so the cross-attention K/V do not move. One copy of the t
-        filled positions, into a spare buffer that the next reorder writes back over.
-        """
-        if self._k is None or self._v is None:
-            return
-        n, t = rows.numel(), self.length
-        shape = (n,) + self._k.shape[1:]
-        spare = self._spare
-        if spare is None or spare[0].shape != shape:  # the number of rows changed
-            spare = (self._k.new_empty(shape), self._v.new_empty(shape))
-        torch.index_select(self._k[:, :, :t], 0, rows, out=spare[0][:, :, :t])
-        torch.index_select(self._v[:, :, :t], 0, rows, out=spare[1][:, :, :t])
-        old = (self._k, self._v)
-        self._k, self._v = spare
-        self._spare = old if old[0].size(0) == n else None
+        """Row i of the self-attention cache takes the history of row `rows[i]` (N',)."""
+        if self.self_k is not None and self.self_v is not None:
+            self.self_k = self.self_k.index_select(0, rows)
+            self.self_v = self.self_v.index_select(0, rows)
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
         """Keep rows `rows` (N',) of the self-attention cache and sentences `sentences` (B',)
@@ -233,8 +176,6 @@ class KVCache:
         if self.cross_k is not None and self.cross_v is not None:
             self.cross_k = self.cross_k.index_select(0, sentences)
             self.cross_v = self.cross_v.index_select(0, sentences)
-        if self.cross_bias is not None:
-            self.cross_bias = self.cross_bias.index_select(0, sentences)
 
 
 class MultiHeadAttention(nn.Module):
@@ -245,10 +186,6 @@ class MultiHeadAttention(nn.Module):
     output with the two slices of the same weight. The kernel is
     `F.scaled_dot_product_attention` (flash / memory-efficient); when the weights are asked
     for, an explicit path computes them. Both paths give the same output.
-
-    `split_in_proj()` (for inference) replaces `in_proj` with two modules, `q_proj` (D -> D)
-    and `kv_proj` (D -> 2D), holding the same numbers: what a module swap such as dynamic int8
-    quantization needs, since the slices of a fused weight are no module of their own.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
@@ -256,26 +193,8 @@ class MultiHeadAttention(nn.Module):
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout = dropout
-        self.in_proj: nn.Module | None = nn.Linear(d_model, 3 * d_model)
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.q_proj: nn.Module | None = None  # set by `split_in_proj`
-        self.kv_proj: nn.Module | None = None
-
-    @torch.no_grad()
-    def split_in_proj(self) -> None:
-        """Move `in_proj` into `q_proj` and `kv_proj` (copies of its slices); `in_proj` goes.
-
-        Self-attention then costs two matmuls instead of one: meant for cross-attention.
-        """
-        if self.in_proj is None:
-            return
-        D, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
-        self.q_proj, self.kv_proj = nn.Linear(D, D), nn.Linear(D, 2 * D)
-        self.q_proj.to(weight).weight.copy_(weight[:D])
-        self.q_proj.bias.copy_(bias[:D])
-        self.kv_proj.to(weight).weight.copy_(weight[D:])
-        self.kv_proj.bias.copy_(bias[D:])
-        self.in_proj = None
 
     def _split_heads(self, x: Tensor, n: int) -> Tensor:
         B, T, _ = x.shape
@@ -284,43 +203,19 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, D) -> q, k, v, each (B, H, T, Dh), with one matmul."""
-        if self.in_proj is None:  # split: two
-            return (self.project_q(x), *self.project_kv(x))
         q, k, v = self._split_heads(self.in_proj(x), 3)
         return q, k, v
 
     def project_q(self, x: Tensor) -> Tensor:
-        """(B, T, D) -> (B, H, T, Dh)."""
-        return self._split_heads(self.project_q_rows(x), 1)[0]
-
-    def project_q_rows(self, x: Tensor) -> Tensor:
-        """(..., D) -> (..., D): the query projection, heads not split."""
-        if self.q_proj is not None:
-            return self.q_proj(x)
-        return self._in_proj_rows(x, 0, self.d_model)
-
-    def project_qkv_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(..., D) -> q (..., D), k|v (..., 2D): the self-attention projections, heads not
-        split; one matmul (two when split)."""
-        if self.in_proj is None:
-            return self.q_proj(x), self.kv_proj(x)
-        qkv = self.in_proj(x)  # (..., 3D)
-        return qkv[..., : self.d_model], qkv[..., self.d_model :]
+        """(B, T, D) -> (B, H, T, Dh): the q slice of `in_proj`."""
+        D, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
+        return self._split_heads(F.linear(x, weight[:D], bias[:D]), 1)[0]
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, S, D) -> k, v, each (B, H, S, Dh)."""
-        if self.kv_proj is not None:
-            k, v = self._split_heads(self.kv_proj(x), 2)
-            return k, v
-        k, v = self._split_heads(self._in_proj_rows(x, self.d_model, 3 * self.d_model), 2)
+        """(B, S, D) -> k, v, each (B, H, S, Dh): the k | v slice of `in_proj`."""
+        D, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
+        k, v = self._split_heads(F.linear(x, weight[D:], bias[D:]), 2)
         return k, v
-
-    def _in_proj_rows(self, x: Tensor, start: int, end: int) -> Tensor:
-        """`x` through rows `start:end` of the fused projection (the q or the k|v slice)."""
-        proj = self.in_proj
-        if isinstance(proj, PackedLinear):  # its packed copy of the slice
-            return proj(x, rows=(start, end))
-        return F.linear(x, proj.weight[start:end], proj.bias[start:end])
 
     def attend(
         self,
@@ -331,8 +226,9 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,  # query i sees keys <= i (right-aligned when T < S)
         need_weights: bool = False,
     ) -> AttentionOutput:
+        """softmax(q k^T / sqrt(Dh)) v per head, heads concatenated, then `out_proj` (eq. 1)."""
         dropout_p = self.dropout if self.training else 0.0
-        # bf16/fp16 on CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
+        # bf16/fp16 on the CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
         # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
         # faster than either at Multi30k's lengths (benchmarks/bench_attention.py).
         explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
@@ -341,27 +237,18 @@ class MultiHeadAttention(nn.Module):
             causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
             mask = causal if mask is None else mask & causal
             is_causal = False
-        if not need_weights and not is_causal and not self.training and q.size(2) <= 16:
-            # A few queries per (row, head), as in a decoding step: plain matmuls beat the
-            # blocked flash kernel on CPU (3x for 5 beams' queries against 20 keys).
-            scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.d_head))
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            weights = None
-            context = torch.matmul(torch.softmax(scores, dim=-1), v)  # (B, H, T, Dh)
-        elif explicit:
+        weights = None
+        if explicit:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
             weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
             context = dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)
-            weights = weights if need_weights else None
         else:
-            weights = None
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
             )  # (B, H, T, Dh)
         B, H, T, Dh = context.shape
         context = context.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
-        return AttentionOutput(self.out_proj(context), weights)
+        return AttentionOutput(self.out_proj(context), weights if need_weights else None)
 
     def forward(
         self,

@@ -9,17 +9,14 @@ stably and needs a final LayerNorm after the stack (see `transformer.py`).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
 from model.config import ModelConfig
 from model.kernels import Dropout, dropout
-from model.packed import PackedLinear
 
 
 def rows_per_sentence(n_rows: int, n_sentences: int) -> int:
@@ -45,10 +42,7 @@ class FeedForward(nn.Module):
         self.act_dropout = act_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        if isinstance(self.linear1, PackedLinear):  # inference: ReLU fused into the matmul
-            hidden = self.linear1(x, relu=True)  # (B, T, F)
-        else:
-            hidden = F.relu(self.linear1(x))
+        hidden = F.relu(self.linear1(x))  # (B, T, F)
         hidden = dropout(hidden, self.act_dropout, self.training)
         return self.linear2(hidden)  # (B, T, D)
 
@@ -89,7 +83,12 @@ class EncoderLayer(_ResidualLayer):
 
 
 class DecoderLayer(_ResidualLayer):
-    """Masked (causal) self-attention, then encoder-decoder attention, then feed-forward."""
+    """Masked (causal) self-attention, then encoder-decoder attention, then feed-forward.
+
+    The same `forward` serves training (the whole target, causal), and cached decoding: with a
+    `KVCache`, x holds only the newest positions, whose keys and values are appended to the
+    cache, and the cross-attention keys and values are computed on the first step only.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg, n_sublayers=3)
@@ -114,80 +113,11 @@ class DecoderLayer(_ResidualLayer):
         x = self.residual(x, self.feed_forward(self.sublayer_input(x, 2)), 2)
         return LayerOutput(x, self_out.weights, cross_out.weights)
 
-    def step(self, x: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache) -> Tensor:
-        """`forward` for one new token per row on a KV cache, at inference (no dropout, no
-        weights): x (N, D) -> (N, D), N = B * K rows as in `forward`; memory (B, S, D);
-        src_mask (B, S) bool.
-
-        The same function as `forward` with T = 1 (tested equal up to float rounding), in fewer
-        tensor ops and Python calls: 2-D rows, the heads folded into the batch of `bmm`, the
-        source mask a score bias added inside the matmul (`baddbmm`), kept in the cache with
-        the cross K/V. On 512 test2016 sentences, 2 threads, it searched 1.08x (greedy) and
-        1.06x (beam 5) as fast as `forward`, with the same outputs (docs/benchmarks.md).
-        """
-        x = self.residual(x, self._self_step(self.sublayer_input(x, 0), cache), 0)
-        x = self.residual(
-            x, self._cross_step(self.sublayer_input(x, 1), memory, src_mask, cache), 1
-        )
-        return self.residual(x, self.feed_forward(self.sublayer_input(x, 2)), 2)
-
-    def _self_step(self, h: Tensor, cache: KVCache) -> Tensor:
-        """h (N, D) -> self-attention output (N, D); appends this position's K/V to `cache`."""
-        attn = self.self_attn
-        N, D, H, Dh = h.size(0), attn.d_model, attn.n_heads, attn.d_head
-        q, kv = attn.project_qkv_rows(h)  # (N, D), (N, 2D)
-        k, v = cache.append(
-            kv[:, :D].view(N, H, 1, Dh), kv[:, D:].view(N, H, 1, Dh)
-        )  # (N, H, t, Dh)
-        t = k.size(2)
-        q = (q * (1.0 / math.sqrt(Dh))).view(N * H, 1, Dh)  # the copy makes it contiguous
-        keys = k.reshape(N * H, t, Dh).transpose(1, 2)
-        if cache.self_bias is None:
-            scores = torch.bmm(q, keys)  # (N * H, 1, t)
-        else:  # rows at different positions: each sees its own past only
-            scores = torch.baddbmm(cache.self_bias, q, keys)
-        context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(N * H, t, Dh))
-        return attn.out_proj(context.view(N, D))
-
-    def _cross_kv(self, memory: Tensor, cache: KVCache) -> tuple[Tensor, Tensor]:
-        """The cross-attention K/V (B, H, S, Dh) of `cache`, computed from `memory` on the
-        first call (once per sentence), contiguous once, or every step's matmul copies them."""
-        if cache.cross_k is None or cache.cross_v is None:
-            k, v = self.cross_attn.project_kv(memory)
-            cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
-        return cache.cross_k, cache.cross_v
-
-    def _cross_step(self, h: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache) -> Tensor:
-        """h (N, D), N = B * K -> encoder-decoder attention output (N, D). The K rows of a
-        sentence attend together, as K queries per head, to its one set of keys and values."""
-        attn = self.cross_attn
-        k, v = self._cross_kv(memory, cache)  # (B, H, S, Dh)
-        B, H, S, Dh = k.shape
-        if cache.cross_bias is None:  # (B, H, 1, S): 0 where a key may be seen, -inf where not
-            bias = torch.zeros(B, 1, 1, S, dtype=k.dtype, device=k.device)
-            bias.masked_fill_(~src_mask.view(B, 1, 1, S), float("-inf"))
-            cache.cross_bias = bias.expand(B, H, 1, S).contiguous()
-        N, D = h.shape
-        K = rows_per_sentence(N, B)
-        q = (
-            attn.project_q_rows(h).view(B, K, H, Dh).transpose(1, 2).reshape(B * H, K, Dh)
-        )  # a copy only when K > 1
-        scores = torch.baddbmm(
-            cache.cross_bias.view(B * H, 1, S),
-            q,
-            k.reshape(B * H, S, Dh).transpose(1, 2),
-            alpha=1.0 / math.sqrt(Dh),
-        )  # (B * H, K, S)
-        context = torch.bmm(
-            torch.softmax(scores, dim=-1), v.reshape(B * H, S, Dh)
-        )  # (B * H, K, Dh)
-        return attn.out_proj(context.view(B, H, K, Dh).transpose(1, 2).reshape(N, D))
-
     def _self_attention(
         self, h: Tensor, cache: KVCache | None, need_weights: bool
     ) -> AttentionOutput:
         q, k, v = self.self_attn.project_qkv(h)  # (B, H, T, Dh) each
-        if cache is not None:  # written after the past, in place: (B, H, t + T, Dh)
+        if cache is not None:  # after the cached past: (B, H, t + T, Dh)
             k, v = cache.append(k, v)
         n_queries, n_keys = q.size(2), k.size(2)
         if n_queries == 1:  # one new token may see every cached position: no mask needed
@@ -203,10 +133,13 @@ class DecoderLayer(_ResidualLayer):
         """h (N, T, D) with N = B * K: K consecutive rows (beams) per sentence of `memory`
         (B, S, D) and `src_mask` (B, 1, 1, S). The K rows' T queries attend together, as K * T
         queries of their sentence, to its one set of keys and values."""
-        if cache is not None:
-            k, v = self._cross_kv(memory, cache)
-        else:
+        if cache is None:
             k, v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
+        elif cache.cross_k is None or cache.cross_v is None:  # the first step: once per sentence
+            k, v = self.cross_attn.project_kv(memory)
+            cache.cross_k, cache.cross_v = k, v
+        else:
+            k, v = cache.cross_k, cache.cross_v
         N, T, D = h.shape
         B = k.size(0)
         if N != B:

@@ -74,13 +74,6 @@ class Decoder(nn.Module):
             return StackOutput(self.final_norm(x), None, None)
         return StackOutput(self.final_norm(x), self_weights, cross_weights)
 
-    def step(self, x: Tensor, memory: Tensor, src_mask: Tensor, caches: list[KVCache]) -> Tensor:
-        """One new token per row, at inference (`DecoderLayer.step`): x (N, D) -> (N, D);
-        src_mask (B, S) bool."""
-        for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer.step(x, memory, src_mask, cache)
-        return self.final_norm(x)
-
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer for translation.
@@ -136,8 +129,7 @@ class Transformer(nn.Module):
         """(B, S) ids -> memory (B, S, D)."""
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.cfg.pad_id)
-        x = self.positional(self.src_embed(src_ids) * self.embed_scale)  # (B, S, D)
-        return self.encoder(x, src_mask[:, None, None, :]).hidden
+        return self.encoder(self.embed_source(src_ids), src_mask[:, None, None, :]).hidden
 
     def decode(
         self,
@@ -154,12 +146,17 @@ class Transformer(nn.Module):
         N is B (one target row per sentence) or B * K: K consecutive rows per sentence (beam
         search's hypotheses), which share their sentence's memory row without copies of it.
         """
-        x = self.positional(self.tgt_embed(tgt_ids) * self.embed_scale, offset)  # (B, T, D)
-        if caches is not None and x.size(1) == 1 and not self.training:  # a search step
-            hidden = self.decoder.step(x.squeeze(1), memory, src_mask, caches)  # (N, D)
-            return self.generator(hidden).unsqueeze(1)  # (N, 1, V)
+        x = self.embed_target(tgt_ids, offset)  # (N, T, D)
         hidden = self.decoder(x, memory, src_mask[:, None, None, :], caches).hidden
-        return self.generator(hidden)  # (B, T, V)
+        return self.generator(hidden)  # (N, T, V)
+
+    def embed_source(self, src_ids: Tensor) -> Tensor:
+        """(B, S) ids -> (B, S, D): embeddings * sqrt(D) + positions (sec. 3.4, 3.5)."""
+        return self.positional(self.src_embed(src_ids) * self.embed_scale)
+
+    def embed_target(self, tgt_ids: Tensor, offset: int = 0) -> Tensor:
+        """(N, T) ids at positions offset .. offset+T-1 -> (N, T, D)."""
+        return self.positional(self.tgt_embed(tgt_ids) * self.embed_scale, offset)
 
     def forward(self, src_ids: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for `tgt_in` = [bos] + y."""
@@ -182,10 +179,8 @@ class Transformer(nn.Module):
         was_training = self.training
         self.eval()  # dropout would change the maps
         src_mask = padding_mask(src_ids, self.cfg.pad_id)[:, None, None, :]  # (B, 1, 1, S)
-        x = self.positional(self.src_embed(src_ids) * self.embed_scale)
-        enc = self.encoder(x, src_mask, need_weights=True)
-        y = self.positional(self.tgt_embed(tgt_in) * self.embed_scale)
-        dec = self.decoder(y, enc.hidden, src_mask, need_weights=True)
+        enc = self.encoder(self.embed_source(src_ids), src_mask, need_weights=True)
+        dec = self.decoder(self.embed_target(tgt_in), enc.hidden, src_mask, need_weights=True)
         self.train(was_training)
         return AttentionMaps(enc.self_attn, dec.self_attn, dec.cross_attn)
 

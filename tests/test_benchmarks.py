@@ -236,11 +236,11 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     from benchmarks import peers
-    from decoding.ensemble import load_ensemble
+    from engine import load_engine
     from export import convert as export
 
     run, src, _ = trained_run
-    model, tokenizer = load_ensemble([run / "checkpoints" / "best.pt"])
+    model, tokenizer = load_engine([run / "checkpoints" / "best.pt"])
     src_ids = tokenizer.encode_src(src.read_text().splitlines())
     cfg = SearchConfig(beam_size=1, batch_size=8)
     with single_thread(), tempfile.TemporaryDirectory() as tmp:
@@ -355,11 +355,11 @@ def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Pa
     import multiprocessing
 
     from benchmarks import peers
-    from decoding.ensemble import load_ensemble
+    from engine import load_engine
 
     run, src, _ = trained_run
     path = str(run / "checkpoints" / "best.pt")
-    model, tokenizer = load_ensemble([path])
+    model, tokenizer = load_engine([path])
     src_ids = tokenizer.encode_src(src.read_text().splitlines())
     cfg = SearchConfig(beam_size=2, batch_size=8)
     with single_thread():

@@ -1,4 +1,4 @@
-"""Greedy search with continuous batching (`decoding.continuous`): a row freed by a finished
+"""Greedy search with continuous batching (`engine.continuous`): a row freed by a finished
 sentence takes the next sentence at once. Its outputs equal batch-by-batch `greedy_search`'s
 (tokens exactly, scores to float rounding), through refills, a source longer than any before,
 histories past the cache's first capacity, budgets and the minimum length; `Translator` takes
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from data.batching import encode_source_batch
-from decoding.continuous import continuous_greedy_search
 from decoding.search import SearchConfig, greedy_search
+from engine import Engine
+from engine.continuous import continuous_greedy_search
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, single_thread
 from tests.test_search import assert_same_results
 
@@ -33,7 +34,7 @@ def sources(n: int, seed: int, max_len: int = 20) -> list[list[int]]:
 
 def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConfig) -> list:
     """`greedy_search` on consecutive batches of `cfg.batch_size`: what continuous batching
-    replaces."""
+    replaces (on the same engine: the same kernels, so the same tokens)."""
     found = []
     for start in range(0, len(src), cfg.batch_size):
         ids = encode_source_batch(src[start : start + cfg.batch_size], SPECIAL)
@@ -43,13 +44,13 @@ def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConf
 
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_continuous_equals_batch_by_batch(tiny_model, norm_first: bool) -> None:  # noqa: ANN001
-    model = tiny_model(seed=0, **{**SEARCH_MODEL, "norm_first": norm_first})
+    engine = Engine(tiny_model(seed=0, **{**SEARCH_MODEL, "norm_first": norm_first})).eval()
     src = sources(30, seed=7)  # unsorted: later sentences are longer than the first rows'
     assert max(map(len, src[4:])) > max(map(len, src[:4]))  # the cross K/V buffers widen
     cfg = SearchConfig(batch_size=4, max_len_a=1.5, max_len_b=8)
     done: list[int] = []
-    got = continuous_greedy_search(model, src, SPECIAL, cfg, progress=done.append)
-    expected = batch_by_batch(model, src, cfg)
+    got = continuous_greedy_search(engine, src, SPECIAL, cfg, progress=done.append)
+    expected = batch_by_batch(engine, src, cfg)
     assert_same_results(got, expected)
     assert sum(done) == len(src) and len(done) > 1
     lengths = [len(nbest[0].tokens) for nbest in got]
@@ -59,51 +60,50 @@ def test_continuous_equals_batch_by_batch(tiny_model, norm_first: bool) -> None:
 
 @pytest.mark.parametrize("budget", [0, 2])
 def test_budget_forces_eos(tiny_model, budget: int) -> None:  # noqa: ANN001
-    model = tiny_model(seed=1, **SEARCH_MODEL)
+    engine = Engine(tiny_model(seed=1, **SEARCH_MODEL)).eval()
     src = sources(9, seed=2)
     cfg = SearchConfig(batch_size=3, max_len_a=0.0, max_len_b=budget)
-    got = continuous_greedy_search(model, src, SPECIAL, cfg)
-    assert_same_results(got, batch_by_batch(model, src, cfg))
+    got = continuous_greedy_search(engine, src, SPECIAL, cfg)
+    assert_same_results(got, batch_by_batch(engine, src, cfg))
     assert {len(nbest[0].tokens) for nbest in got} == {budget}
 
 
 def test_eos_is_never_the_first_token(tiny_model) -> None:  # noqa: ANN001
     """A model that always prefers EOS still generates one token first (minimum length 1)."""
-    model = tiny_model(seed=2, **SEARCH_MODEL)
+    engine = Engine(tiny_model(seed=2, **SEARCH_MODEL)).eval()
 
     def prefer_eos(module, inputs, logits):  # noqa: ANN001, ANN202
         logits = logits.clone()
         logits[..., SPECIAL.eos] += 100.0
         return logits
 
-    handle = model.generator.register_forward_hook(prefer_eos)
+    handle = engine.generator.register_forward_hook(prefer_eos)
     try:
         src = sources(7, seed=3)
-        got = continuous_greedy_search(model, src, SPECIAL, SearchConfig(batch_size=2))
-        assert_same_results(got, batch_by_batch(model, src, SearchConfig(batch_size=2)))
+        got = continuous_greedy_search(engine, src, SPECIAL, SearchConfig(batch_size=2))
+        assert_same_results(got, batch_by_batch(engine, src, SearchConfig(batch_size=2)))
     finally:
         handle.remove()
     assert all(len(nbest[0].tokens) == 1 for nbest in got)
 
 
 def test_fewer_sentences_than_rows_and_none(tiny_model) -> None:  # noqa: ANN001
-    model = tiny_model(seed=0, **SEARCH_MODEL)
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
     src = sources(3, seed=4)
     cfg = SearchConfig(batch_size=64)
-    assert_same_results(continuous_greedy_search(model, src, SPECIAL, cfg),
-                        batch_by_batch(model, src, cfg))  # fmt: skip
-    assert continuous_greedy_search(model, [], SPECIAL, cfg) == []
+    expected = batch_by_batch(engine, src, cfg)
+    assert_same_results(continuous_greedy_search(engine, src, SPECIAL, cfg), expected)
+    assert continuous_greedy_search(engine, [], SPECIAL, cfg) == []
 
 
 def test_continuous_equals_batch_by_batch_under_bf16_autocast(tiny_model) -> None:  # noqa: ANN001
     """The caches and score biases take the projections' dtype (bf16 under CPU autocast)."""
-    model = tiny_model(seed=0, **SEARCH_MODEL)
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
     src = sources(12, seed=9)
     cfg = SearchConfig(batch_size=3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = continuous_greedy_search(model, src, SPECIAL, cfg)
-        expected = batch_by_batch(model, src, cfg)
+        got = continuous_greedy_search(engine, src, SPECIAL, cfg)
+        expected = batch_by_batch(engine, src, cfg)
     assert_same_results(got, expected)
-    assert [nbest[0].tokens for nbest in got] != [
-        nbest[0].tokens for nbest in continuous_greedy_search(model, src, SPECIAL, cfg)
-    ]  # bf16 reached the search: its outputs differ from float32's
+    float32 = continuous_greedy_search(engine, src, SPECIAL, cfg)
+    assert [n[0].tokens for n in got] != [n[0].tokens for n in float32]  # bf16 reached it

@@ -1,5 +1,6 @@
-"""The decoding fast paths: the preallocated self-attention cache (written in place, grown,
-reordered through a spare buffer) and cross-attention keys/values shared by a sentence's beams.
+"""The engine's cache (`engine.cache.BufferedKVCache`: preallocated self-attention keys/values,
+written in place, grown, reordered through a spare buffer) and cross-attention keys/values
+shared by a sentence's beams, in the model and in the engine.
 
 Legend: B sentences, K beams, N = B * K rows, S src len, T tgt len, H heads, Dh head dim.
 """
@@ -9,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import KVCache, padding_mask
+from engine import Engine
+from engine.cache import BufferedKVCache as KVCache
+from model import padding_mask
 from tests.test_transformer import PAD, padded_source, random_ids
 
 
@@ -67,10 +70,29 @@ def test_reorder_beams_moves_self_attention_only_and_reorder_moves_sentences() -
     torch.testing.assert_close(cache.cross_k, cross_k[[1]], atol=0.0, rtol=0.0)
 
 
+def test_reorder_moves_the_source_mask_bias_with_the_sentences() -> None:
+    tensors = [torch.randn(3, 2, 4, 5) for _ in range(4)]
+    cache = KVCache(*tensors)
+    tensors.append(torch.randn(3, 2, 1, 5))
+    cache.cross_bias = tensors[-1]  # the source-mask bias that the engine's step keeps
+    index = torch.tensor([1, 1, 0])
+    cache.reorder(index)
+    names = ("self_k", "self_v", "cross_k", "cross_v", "cross_bias")
+    for name, before in zip(names, tensors, strict=True):
+        torch.testing.assert_close(getattr(cache, name), before[index], atol=0.0, rtol=0.0)
+    empty = KVCache()
+    empty.reorder(index)  # nothing cached yet: a no-op, not an error
+    assert empty.self_k is None
+
+
+@pytest.mark.parametrize("use_engine", [False, True], ids=["model", "engine"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_beams_sharing_cross_kv_equal_replicated_memory(norm_first: bool, tiny_model) -> None:
+def test_beams_sharing_cross_kv_equal_replicated_memory(
+    norm_first: bool, use_engine: bool, tiny_model
+) -> None:
     """K rows per sentence against its one memory row == the memory copied K times."""
-    model = tiny_model(norm_first=norm_first)
+    model = tiny_model(norm_first=norm_first).eval()
+    decoder = Engine(model) if use_engine else model
     src, K = padded_source(), 3
     src_mask = padding_mask(src, PAD)
     tgt = random_ids(3 * K, 6)  # (N, T): rows 3b .. 3b + 2 belong to sentence b
@@ -80,9 +102,9 @@ def test_beams_sharing_cross_kv_equal_replicated_memory(norm_first: bool, tiny_m
         full = model.decode(tgt, copied, copied_mask)  # (N, T, V), one memory row per row
         shared_full = model.decode(tgt, memory, src_mask)  # teacher-forced, shared
         torch.testing.assert_close(shared_full, full, atol=1e-5, rtol=0.0)
-        caches = model.new_caches()
+        caches = decoder.new_caches()
         for i in range(tgt.size(1)):
-            step = model.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            step = decoder.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
             torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
         assert caches[0].cross_k.size(0) == 3 and caches[0].self_k.size(0) == 3 * K
         with pytest.raises(ValueError, match="split evenly"):

@@ -1,4 +1,4 @@
-"""Pre-packed oneDNN linear layers (`model/packed.py`): the same numbers as `F.linear` to
+"""Pre-packed oneDNN linear layers (`engine/packed.py`): the same numbers as `F.linear` to
 float32 rounding, the same parameters, the same search output; `F.linear` wherever a gradient
 is needed; and `translate.py`'s CPU loading path uses them."""
 
@@ -11,9 +11,9 @@ from torch import nn
 
 from checkpoint import model_payload, save_checkpoint
 from decoding.config import SearchConfig
-from decoding.ensemble import load_ensemble
 from decoding.search import beam_search, greedy_search
-from model.packed import PackedLinear, pack_linears, packing_available
+from engine import Engine, load_engine
+from engine.packed import PackedLinear, packing_available
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, random_sources, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(
@@ -78,15 +78,17 @@ def test_bf16_autocast_returns_bf16_like_autocast() -> None:
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_pack_linears_keeps_parameters_and_ties(tiny_model) -> None:
+def test_engine_packs_on_the_models_parameters_and_ties(tiny_model) -> None:
     model = tiny_model(seed=0, tie_output=True)
     before = {name: t.data_ptr() for name, t in model.state_dict().items()}
-    pack_linears(model)
+    engine = Engine(model, pack=True)
     assert {name: t.data_ptr() for name, t in model.state_dict().items()} == before
-    assert isinstance(model.generator, PackedLinear)
-    assert model.generator.weight is model.tgt_embed.weight
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(isinstance(m, PackedLinear) for m in linears)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())  # model unchanged
+    assert isinstance(engine.generator, PackedLinear)
+    assert engine.generator.weight is model.tgt_embed.weight
+    linears = [m for m in engine.modules() if isinstance(m, nn.Linear)]
+    packed = [m for m in linears if isinstance(m, PackedLinear)]
+    assert {id(m.weight) for m in packed} == {id(p) for p in model.parameters() if p.dim() == 2}
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -95,8 +97,8 @@ def test_search_output_is_unchanged(beam: int, tiny_model) -> None:
     src = random_sources([5, 9, 3, 7], seed=3)
     cfg = SearchConfig(beam_size=beam, nbest=beam)
     search = greedy_search if beam == 1 else beam_search
-    want = search(model, src, SPECIAL, cfg).hypotheses
-    got = search(pack_linears(model), src, SPECIAL, cfg).hypotheses
+    want = search(Engine(model, pack=False), src, SPECIAL, cfg).hypotheses
+    got = search(Engine(model, pack=True), src, SPECIAL, cfg).hypotheses
     assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in want]
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(
@@ -105,14 +107,14 @@ def test_search_output_is_unchanged(beam: int, tiny_model) -> None:
 
 
 def test_translate_loading_packs_on_cpu_only_without_int8(tmp_path, tiny_model) -> None:
-    """`load_ensemble` (what translate.py and benchmark.py load through) packs fp32 CPU
+    """`load_engine` (what translate.py and the benchmarks load through) packs fp32 CPU
     models, and leaves --quantize int8 to torch.ao's modules."""
     tokenizer = tiny_tokenizer(tmp_path / "spm")
     model = tiny_model(vocab_size=tokenizer.src_vocab_size, seed=2, dropout=0.0)
     save_checkpoint(tmp_path / "model.pt", model_payload(model, tokenizer))
-    packed, _ = load_ensemble([tmp_path / "model.pt"], "cpu")
+    packed, _ = load_engine([tmp_path / "model.pt"], "cpu")
     assert isinstance(packed.generator, PackedLinear)
-    int8, _ = load_ensemble([tmp_path / "model.pt"], "cpu", quantize="int8")
+    int8, _ = load_engine([tmp_path / "model.pt"], "cpu", quantize="int8")
     assert not any(isinstance(m, PackedLinear) for m in int8.modules())
 
 

@@ -18,8 +18,9 @@ from checkpoint import model_payload, save_checkpoint
 from common.errors import UserError
 from decoding import SearchConfig, Translator, cli
 from decoding.search import beam_search
-from model import MultiHeadAttention, padding_mask
-from model.quantize import quantize_dynamic_int8
+from engine import Engine
+from engine.engine import _copy, _rows
+from model import padding_mask
 from tests.helpers_decoding import SPECIAL, random_sources, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,70 +31,80 @@ def sources_and_targets() -> tuple[torch.Tensor, torch.Tensor]:
     return random_sources([5, 9, 3], seed=2), torch.randint(4, 40, (3, 6), generator=gen)
 
 
+def stepwise_logits(engine: Engine, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits of `tgt` decoded one token at a time on the engine's caches."""
+    src_mask = padding_mask(src, SPECIAL.pad)
+    memory = engine.encode(src, src_mask)
+    caches = engine.new_caches()
+    steps = [
+        engine.decode(tgt[:, i : i + 1], memory, src_mask, caches, i) for i in range(tgt.size(1))
+    ]
+    return torch.cat(steps, dim=1)
+
+
+def engine_linears(engine: Engine) -> list[torch.nn.Module]:
+    """The layers the engine runs (its model keeps float32 layers of its own)."""
+    holders = [engine.encoder_linears, engine.decoder_linears, engine.generator]
+    return [m for holder in holders for m in holder.modules()]
+
+
 @pytest.mark.parametrize("tie_output", [True, False], ids=["tied", "untied"])
 def test_int8_logits_are_close_to_float32(tie_output: bool, tiny_model) -> None:
-    model = tiny_model(seed=0, dropout=0.0, tie_output=tie_output)
-    quantized = quantize_dynamic_int8(model)
-    assert quantized is not model and isinstance(model.generator, torch.nn.Linear)
-    assert not any(isinstance(m, torch.nn.Linear) for m in quantized.modules())
+    model = tiny_model(seed=0, dropout=0.0, tie_output=tie_output).eval()
+    quantized = Engine(model, quantize="int8")
+    assert isinstance(model.generator, torch.nn.Linear)  # the model keeps its float layers
+    assert not any(isinstance(m, torch.nn.Linear) for m in engine_linears(quantized))
     if tie_output:  # the float model still shares one table; embeddings stay float32
         assert model.generator.weight is model.tgt_embed.weight
-        assert quantized.tgt_embed.weight.dtype == torch.float32
+        assert model.tgt_embed.weight.dtype == torch.float32
     src, tgt = sources_and_targets()
     with torch.no_grad():
         expected = torch.log_softmax(model(src, tgt), dim=-1)
-        got = torch.log_softmax(quantized(src, tgt), dim=-1)
+        got = torch.log_softmax(stepwise_logits(quantized, src, tgt), dim=-1)
     assert got.shape == expected.shape
     assert (got - expected).abs().max() < 0.15  # log-probs of a ~3-wide distribution
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean() > 0.9
 
 
-def test_int8_cached_decoding_is_close_to_its_full_pass(tiny_model) -> None:
+def test_int8_cached_decoding_is_close_to_the_full_pass(tiny_model) -> None:
     """The split cross-attention projections and the KV cache work under int8. Activations are
-    quantized per call (one scale per input tensor), so a step equals the full pass only up
-    to int8 rounding."""
-    quantized = quantize_dynamic_int8(tiny_model(seed=1, dropout=0.0))
+    quantized per call (one scale per input tensor), so a step equals the float full pass only
+    up to int8 rounding."""
+    model = tiny_model(seed=1, dropout=0.0).eval()
+    quantized = Engine(model, quantize="int8")
     src, tgt = sources_and_targets()
     src_mask = padding_mask(src, SPECIAL.pad)
     with torch.no_grad():
-        memory = quantized.encode(src, src_mask)
-        full = quantized.decode(tgt, memory, src_mask)
-        caches = quantized.new_caches()
-        for i in range(tgt.size(1)):
-            step = quantized.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
-            torch.testing.assert_close(step[:, 0], full[:, i], atol=0.2, rtol=0.0)
+        full = model.decode(tgt, model.encode(src, src_mask), src_mask)
+        torch.testing.assert_close(stepwise_logits(quantized, src, tgt), full, atol=0.2, rtol=0.0)
     result = beam_search(quantized, src, SPECIAL, SearchConfig(beam_size=3))
     assert len(result.hypotheses) == 3
 
 
-def test_split_in_proj_changes_nothing() -> None:
-    torch.manual_seed(0)
-    attn = MultiHeadAttention(16, 2).eval()
-    query, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
-    with torch.no_grad():
-        cross, self_ = attn(query, memory).output, attn(query).output
-        attn.split_in_proj()
-        assert attn.in_proj is None
-        torch.testing.assert_close(attn(query, memory).output, cross, atol=1e-6, rtol=0.0)
-        torch.testing.assert_close(attn(query).output, self_, atol=1e-6, rtol=0.0)
+def test_int8_split_projections_hold_the_slices_of_in_proj(tiny_model) -> None:
+    """int8 quantizes cross-attention's q and k|v as layers of their own: copies of the two
+    slices of the fused projection, which the model keeps."""
+    model = tiny_model(seed=0, dropout=0.0)
+    cross = model.decoder.layers[0].cross_attn.in_proj
+    D = cross.in_features
+    for start, end in ((0, D), (D, 3 * D)):
+        part = _rows(cross, start, end, _copy)
+        assert part.weight is not cross.weight
+        torch.testing.assert_close(part.weight, cross.weight[start:end], atol=0.0, rtol=0.0)
+        torch.testing.assert_close(part.bias, cross.bias[start:end], atol=0.0, rtol=0.0)
 
 
-def test_split_projections_decode_step_by_step_as_the_full_pass(tiny_model) -> None:
-    # Every attention split (int8 splits only cross-attention): the one-token step path
-    # (`DecoderLayer.step`) must take q and k|v from the two modules as the fused one does.
+@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
+def test_split_projections_decode_step_by_step_as_the_full_pass(pack: bool, tiny_model) -> None:
+    # The engine's one-token step takes q and k|v from the two slices of cross-attention's
+    # fused projection, and q|k|v of self-attention from one: as the model's full pass does.
     model = tiny_model(seed=0, dropout=0.0).eval()
     src, tgt = sources_and_targets()
     src_mask = padding_mask(src, SPECIAL.pad)
     with torch.no_grad():
-        memory = model.encode(src, src_mask)
-        full = model.decode(tgt, memory, src_mask)
-        for layer in model.decoder.layers:
-            layer.self_attn.split_in_proj()
-            layer.cross_attn.split_in_proj()
-        caches = model.new_caches()
-        for i in range(tgt.size(1)):
-            step = model.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
-            torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
+        full = model.decode(tgt, model.encode(src, src_mask), src_mask)
+        got = stepwise_logits(Engine(model, pack=pack), src, tgt)
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=0.0)
 
 
 def test_int8_is_refused_off_the_cpu_and_with_autocast() -> None:
@@ -109,7 +120,7 @@ def test_int8_is_refused_off_the_cpu_and_with_autocast() -> None:
     not cli.autocast_supported("cpu", torch.bfloat16), reason="no CPU bf16 autocast"
 )
 def test_bf16_search_runs_with_a_bf16_cache(tiny_model) -> None:
-    model = tiny_model(seed=0, dropout=0.0)
+    model = Engine(tiny_model(seed=0, dropout=0.0).eval())
     src, _ = sources_and_targets()
     expected = beam_search(model, src, SPECIAL, SearchConfig(beam_size=3)).best_tokens()
     caches = []
@@ -147,5 +158,5 @@ def test_translate_py_quantize_int8(tmp_path: Path, tiny_model) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.split("\n")[:-1]
     assert len(lines) == 3 and lines[1] == ""
-    int8 = Translator(quantize_dynamic_int8(model), tokenizer, SearchConfig(beam_size=2))
+    int8 = Translator(Engine(model, quantize="int8"), tokenizer, SearchConfig(beam_size=2))
     assert lines == int8.translate(sentences)

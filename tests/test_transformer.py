@@ -93,11 +93,9 @@ def test_cached_decoding_after_beam_reorder(norm_first: bool, tiny_model) -> Non
 def test_kv_cache_reorder_indexes_every_tensor() -> None:
     tensors = [torch.randn(3, 2, 4, 5) for _ in range(4)]
     cache = KVCache(*tensors)
-    tensors.append(torch.randn(3, 2, 1, 5))
-    cache.cross_bias = tensors[-1]  # the source-mask bias that `DecoderLayer.step` keeps
     index = torch.tensor([1, 1, 0])
     cache.reorder(index)
-    names = ("self_k", "self_v", "cross_k", "cross_v", "cross_bias")
+    names = ("self_k", "self_v", "cross_k", "cross_v")
     for name, before in zip(names, tensors, strict=True):
         torch.testing.assert_close(getattr(cache, name), before[index], atol=0.0, rtol=0.0)
     empty = KVCache()

@@ -24,10 +24,9 @@ import translate
 from checkpoint import model_payload, save_checkpoint
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
-from decoding import translator as translator_module
 from decoding.ensemble import Ensemble
 from decoding.plot import heatmap_image, heatmap_tensor
-from model.quantize import quantize_dynamic_int8
+from engine import Engine
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -356,36 +355,34 @@ def test_greedy_translator_searches_with_continuous_batching(
     tokenizer,
     monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
 ) -> None:
-    """Greedy search through `Translator` (one Transformer, one batch at a time) runs with
+    """Greedy search through `Translator` on an engine (one batch at a time) runs with
     continuous batching, with the n-best lists (scores to float rounding) of batch-by-batch
     search and progress counts that add up, empty sentences included."""
-    sentences = ["Die Sonne scheint.", "", "Ein Mann spielt Gitarre.", "Es regnet.",
-                 "Zwei Hunde laufen im Park.", "Eine Frau liest."]  # fmt: skip
+    sentences = ["Die Sonne scheint.", "", "Ein Mann spielt Gitarre.", "Es regnet."]
+    sentences += ["Zwei Hunde laufen im Park.", "Eine Frau liest."]
     cfg = SearchConfig(beam_size=1, batch_size=2)
     calls: list[int] = []
-    real = translator_module.continuous_greedy_search
+    real = Engine.greedy_search_continuous
 
-    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        calls.append(len(args[1]))
-        return real(*args, **kwargs)
+    def spy(self: Engine, src_ids: list, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(len(src_ids))
+        return real(self, src_ids, *args, **kwargs)
 
-    monkeypatch.setattr(translator_module, "continuous_greedy_search", spy)
+    monkeypatch.setattr(Engine, "greedy_search_continuous", spy)
+    engine = Engine(model)
     done: list[int] = []
-    got = Translator(model, tokenizer, cfg).translate_nbest(sentences, progress=done.append)
+    got = Translator(engine, tokenizer, cfg).translate_nbest(sentences, progress=done.append)
     assert calls == [5] and sum(done) == len(sentences) and len(done) > 2
-    monkeypatch.setattr(Translator, "_continuous", lambda self: False)
-    expected = Translator(model, tokenizer, cfg).translate_nbest(sentences)
+    expected = Translator(model, tokenizer, cfg).translate_nbest(sentences)  # batch by batch
+    assert calls == [5]  # a plain Transformer offers no continuous batching
     assert [[(h.text, h.tokens) for h in nbest] for nbest in got] == [
         [(h.text, h.tokens) for h in nbest] for nbest in expected
     ]
-    torch.testing.assert_close(
-        torch.tensor([nbest[0].score for nbest in got]),
-        torch.tensor([nbest[0].score for nbest in expected]), atol=1e-4, rtol=0,
-    )  # fmt: skip
+    got_scores = torch.tensor([nbest[0].score for nbest in got])
+    expected_scores = torch.tensor([nbest[0].score for nbest in expected])
+    torch.testing.assert_close(got_scores, expected_scores, atol=1e-4, rtol=0)
     assert len({h.text for nbest in got for h in nbest}) > 2  # not one degenerate output
-    monkeypatch.undo()
-    monkeypatch.setattr(translator_module, "continuous_greedy_search", spy)
-    Translator(quantize_dynamic_int8(model), tokenizer, cfg).translate_nbest(sentences)
+    Translator(Engine(model, quantize="int8"), tokenizer, cfg).translate_nbest(sentences)
     assert calls == [5]  # int8 searches batch by batch: its scales are per batch
 
 

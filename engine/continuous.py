@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,8 +35,11 @@ from decoding.search import (
     max_lengths,
     pick_tokens,
 )
+from engine.cache import SlotCache, widened
 from model.attention import padding_mask
-from model.transformer import Transformer
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
 
 
 class _Sentence:
@@ -47,100 +51,28 @@ class _Sentence:
         self.index, self.kv, self.src_len, self.budget = index, kv, src_len, budget
 
 
-class SlotCache:
-    """One decoder layer's cache for rows at different positions (duck-types
-    `model.attention.KVCache` for `DecoderLayer.step`).
-
-    Self-attention K/V live in (R, H, capacity, Dh) buffers: row i writes position
-    `positions[i]` and reads the first T; `self_bias` hides what is not its own past. The
-    cross-attention K/V of each row's sentence live in (R, H, S_max, Dh) buffers, zeros past
-    its length (masked by `cross_bias`; zeros, since 0 * garbage could be NaN). `start_step`
-    sets the views a step reads.
-    """
-
-    def __init__(self, rows: int, n_heads: int, d_head: int, src_len: int, like: Tensor) -> None:
-        self._k: Tensor | None = None  # (R, H, capacity, Dh), made by the first `append`
-        self._v: Tensor | None = None
-        cross = (rows, n_heads, src_len, d_head)
-        self._ck, self._cv = like.new_zeros(cross), like.new_zeros(cross)
-        self.cross_k = self.cross_v = self.cross_bias = self.self_bias = None
-        self._n, self._end, self._rows, self._positions = 0, 0, None, None
-
-    def load(self, row: int, k: Tensor, v: Tensor) -> None:
-        """Row `row` takes a new sentence's cross-attention K/V (H, S, Dh); its self-attention
-        history is zeroed (masked anyway, but an inf or NaN left there would leak as 0 * NaN)."""
-        S = k.size(1)
-        if S > self._ck.size(2):  # a longer source than any before: widen (zeros after)
-            self._ck, self._cv = _widened(self._ck, 2, S), _widened(self._cv, 2, S)
-        for buf in (self._ck, self._cv, self._k, self._v):
-            if buf is not None:
-                buf[row].zero_()
-        self._ck[row, :, :S].copy_(k)
-        self._cv[row, :, :S].copy_(v)
-
-    def start_step(
-        self, rows: Tensor, positions: Tensor, end: int, src_len: int, self_bias: Tensor,
-        cross_bias: Tensor,
-    ) -> None:  # fmt: skip
-        """Rows `rows` = 0..n-1 write `positions` (n,) and read T = `end` positions and S =
-        `src_len` source positions; the biases are (n * H, 1, T) and (n, H, 1, S)."""
-        n = rows.numel()
-        if self._k is not None and self._v is not None and end > self._k.size(2):
-            capacity = max(2 * self._k.size(2), end)
-            self._k, self._v = _widened(self._k, 2, capacity), _widened(self._v, 2, capacity)
-        self._n, self._end, self._rows, self._positions = n, end, rows, positions
-        self.cross_k, self.cross_v = self._ck[:n, :, :src_len], self._cv[:n, :, :src_len]
-        self.self_bias, self.cross_bias = self_bias, cross_bias
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write each row's new K/V (n, H, 1, Dh) at its position; (n, H, T, Dh) views back."""
-        if self._k is None or self._v is None:  # in the projections' dtype (autocast's)
-            shape = (self._ck.size(0), k.size(1), max(16, self._end), k.size(3))
-            self._k, self._v = k.new_zeros(shape), v.new_zeros(shape)
-        self._k[self._rows, :, self._positions] = k.squeeze(2)
-        self._v[self._rows, :, self._positions] = v.squeeze(2)
-        return self._k[: self._n, :, : self._end], self._v[: self._n, :, : self._end]
-
-    def keep(self, rows: Tensor, end: int, src_len: int) -> None:
-        """Rows `rows` (m,) move to 0..m-1 (their first `end` positions, `src_len` sources)."""
-        m = rows.numel()
-        for buf, width in ((self._k, end), (self._v, end), (self._ck, src_len),
-                           (self._cv, src_len)):  # fmt: skip
-            if buf is not None:
-                buf[:m, :, :width] = buf[:, :, :width].index_select(0, rows)
-
-
-def _widened(buf: Tensor, dim: int, size: int) -> Tensor:
-    shape = list(buf.shape)
-    shape[dim] = size
-    new = buf.new_zeros(shape)
-    new.narrow(dim, 0, buf.size(dim)).copy_(buf)
-    return new
-
-
 @torch.inference_mode()
 def continuous_greedy_search(
-    model: Transformer,
+    engine: Engine,
     src_ids: list[list[int]],
     special: SpecialTokens,
     cfg: SearchConfig,
     progress: Callable[[int], object] | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` rows,
-    with the model in eval mode (it runs `Decoder.step`, which has no dropout).
+    with the engine in eval mode.
 
     Returns one hypothesis per sentence, in input order. `progress(n)` is called as sentences
     finish. One host sync per step (the chosen tokens with the running sums).
 
     Raises:
-        ValueError: the model is in training mode.
+        ValueError: the engine is in training mode.
     """
-    if model.training:
-        raise ValueError("continuous_greedy_search needs the model in eval mode (model.eval())")
-    device = next(model.parameters()).device
-    layers = model.decoder.layers
-    H = model.cfg.n_heads
-    Dh = model.cfg.d_model // H
+    if engine.training:
+        raise ValueError("continuous_greedy_search needs the engine in eval mode (engine.eval())")
+    device = next(engine.parameters()).device
+    n_layers = len(engine.decoder_linears)
+    H, Dh = engine.n_heads, engine.d_head
     R = max(1, min(cfg.batch_size, len(src_ids)))
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     waiting: deque[_Sentence] = deque()
@@ -152,9 +84,9 @@ def continuous_greedy_search(
         next_index = indices.stop
         src = encode_source_batch([src_ids[i] for i in indices], special).to(device)  # (B, S)
         mask = padding_mask(src, special.pad)
-        memory = model.encode(src, mask)  # (B, S, D)
+        memory = engine.encode(src, mask)  # (B, S, D)
         budgets = max_lengths(src, special, cfg.max_len_a, cfg.max_len_b).tolist()
-        kvs = [layer.cross_attn.project_kv(memory) for layer in layers]  # L x (B, H, S, Dh)
+        kvs = engine.cross_kv(memory)  # L x (B, H, S, Dh)
         lengths = mask.sum(dim=1).tolist()
         for j, i in enumerate(indices):
             S = lengths[j]  # real tokens + EOS: the K/V a row needs
@@ -170,7 +102,7 @@ def continuous_greedy_search(
     if first is None:
         return results
     like = first.kv[0][0]
-    caches = [SlotCache(R, H, Dh, first.src_len, like) for _ in layers]
+    caches = [SlotCache(R, H, Dh, first.src_len, like) for _ in range(n_layers)]
     cross_bias = torch.full((R, like.size(1)), float("-inf"), dtype=like.dtype, device=device)
     # Per live row. On the host: its sentence, position (tokens so far) and tokens; on the
     # device, kept equal without syncs: position, budget, last token, log-probability so far.
@@ -190,7 +122,7 @@ def continuous_greedy_search(
         for cache, (k, v) in zip(caches, sentence.kv, strict=True):
             cache.load(row, k, v)
         if sentence.src_len > cross_bias.size(1):
-            cross_bias = _widened(cross_bias, 1, sentence.src_len).fill_(float("-inf"))
+            cross_bias = widened(cross_bias, 1, sentence.src_len).fill_(float("-inf"))
             for r, other in enumerate(rows):
                 cross_bias[r, : other.src_len] = 0.0
         cross_bias[row].fill_(float("-inf"))
@@ -213,16 +145,15 @@ def continuous_greedy_search(
         self_bias.masked_fill_(hidden_pos, float("-inf"))
         self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
         step_cross = cross_bias[:n, :src_len].view(n, 1, 1, src_len).expand(n, H, 1, src_len)
-        step_cross = step_cross.contiguous()  # (n, H, 1, S), as `KVCache.cross_bias`
+        step_cross = step_cross.contiguous()  # (n, H, 1, S), as `BufferedKVCache.cross_bias`
         for cache in caches:
             cache.start_step(row_ids, pos, end, src_len, self_bias, step_cross)
-        embedded = model.tgt_embed(last) * model.embed_scale  # (n, D)
-        x = embedded + model.positional.rows(pos, end).to(embedded.dtype)
-        hidden = model.decoder.step(x, None, None, caches)  # (n, D)
+        x = engine.embed_rows(last, pos, end)  # (n, D)
+        hidden = engine.decoder_step(x, None, None, caches)  # (n, D)
         # rows at their budget, if any (known on the host): no device-side test otherwise
         at_budget = any(p >= s.budget for p, s in zip(positions, rows, strict=True))
         best, picked = pick_tokens(
-            model.generator(hidden), special, 1, pos.eq(0), pos.ge(budget) if at_budget else None
+            engine.generator(hidden), special, 1, pos.eq(0), pos.ge(budget) if at_budget else None
         )
         lprob, token = best.squeeze(1), picked.squeeze(1)  # (n,)
         sums = sums + lprob

@@ -3,16 +3,15 @@
 `F.linear` on the CPU hands float32 matmuls to MKL, which re-lays out (packs) the weight on
 every call; oneDNN can pack it once, in the blocked layout its kernels read, which is what
 CTranslate2 does with its packed GEMMs. At decoding's shapes (64 and 320 rows, d_model 256,
-d_ff 1024, an 8,000-token output projection) on this workplace's AMD EPYC (AVX-512), 2
-threads, the packed matmul was 1.23-1.77x faster, the output projection most
-(`benchmarks/bench_decode_ops.py`, 2026-11-23).
+d_ff 1024, an 8,000-token output projection) on an AVX-512 CPU, 2 threads, the packed matmul
+was 1.23-1.77x faster, the output projection most (`benchmarks/bench_decode_ops.py`).
 
-`pack_linears(model)` swaps every `nn.Linear` for a `PackedLinear` that shares its parameters
-(so state dicts, tied weights and exports see the same tensors) and uses the packed weight only
-when nothing needs a gradient: training, CUDA and float16 keep `F.linear`. Under CPU bf16
-autocast it packs a bf16 copy and returns bf16, as autocast's `linear` does. The packed copy
-follows the weight: an in-place change (`load_state_dict`, an optimizer step) or a new tensor
-(`.to()`) repacks it at the next call.
+`PackedLinear.from_linear(linear)` shares `linear`'s parameters (so state dicts, tied weights and
+exports see the same tensors) and uses the packed weight only when nothing needs a gradient:
+training, CUDA and float16 keep `F.linear`. Under CPU bf16 autocast it packs a bf16 copy and
+returns bf16, as autocast's `linear` does. The packed copy follows the weight: an in-place
+change (`load_state_dict`, an optimizer step) or a new tensor (`.to()`) repacks it at the next
+call.
 
 Results equal `F.linear` up to float32 rounding (a different summation order), not bitwise.
 """
@@ -34,8 +33,8 @@ def packing_available() -> bool:
 @functools.cache
 def _bf16_packing() -> bool:
     """Whether oneDNN can pack bf16 weights here: it needs AVX-512 (BW, VL, DQ) or
-    AVX-NE-CONVERT, and raises on an AVX2-only CPU (AMD EPYC Zen 3, 2026-11-23), where bf16
-    autocast then takes `F.linear`."""
+    AVX-NE-CONVERT, and raises on an AVX2-only CPU, where bf16 autocast then takes
+    `F.linear`."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -102,15 +101,3 @@ class PackedLinear(nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(
             x, packed, bias, "relu" if relu else "none", [], ""
         )
-
-
-def pack_linears(model: nn.Module) -> nn.Module:
-    """Swap every `nn.Linear` of `model` (in place) for a `PackedLinear` on the same
-    parameters; returns `model`. A no-op where oneDNN is missing."""
-    if not packing_available():
-        return model
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, PackedLinear.from_linear(child))
-    return model

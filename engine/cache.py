@@ -1,0 +1,192 @@
+"""The engine's KV caches: what the one-token decoder step (`engine.step`) reads and writes.
+
+Legend: N rows, B sentences, R slots, H heads, Dh head dim, t positions so far, S src len.
+
+Both satisfy `StepCache`: `append` the step's keys/values and get the history back,
+cross-attention keys/values (`cross_k`, `cross_v`, computed once per sentence), the source mask
+as a 0 / -inf score bias (`cross_bias`), and `self_bias`, which positions of the history each
+row may see (None: all of them). `BufferedKVCache` serves greedy and beam search (rows in
+step), `SlotCache` continuous batching (rows at different positions).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class StepCache(Protocol):
+    """What `engine.step.decoder_step` needs of one layer's cache."""
+
+    cross_k: Tensor | None  # (B, H, S, Dh)
+    cross_v: Tensor | None
+    cross_bias: Tensor | None  # (B, H, 1, S)
+    self_bias: Tensor | None  # (N * H, 1, t) or None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+class BufferedKVCache:
+    """`model.KVCache` (same fields and moves) whose self-attention keys/values live in
+    preallocated buffers that each step writes in place.
+
+    The keys/values of the t decoded positions of each of the N rows live in (N, H, capacity,
+    Dh) buffers, so a step never copies the past (`torch.cat` copies all t positions per
+    step); the capacity doubles when a step would overflow it. `self_k`/`self_v` are views of
+    the filled part (N, H, t, Dh). A reorder writes into a spare pair of buffers that the next
+    reorder writes back over. It also keeps the source mask as a score bias (`cross_bias`),
+    made on the first step and moved with the sentences.
+    """
+
+    def __init__(
+        self,
+        self_k: Tensor | None = None,  # (N, H, t, Dh) initial contents, copied
+        self_v: Tensor | None = None,
+        cross_k: Tensor | None = None,  # (B, H, S, Dh)
+        cross_v: Tensor | None = None,
+        capacity: int = 16,
+    ) -> None:
+        self.capacity = capacity  # positions a new buffer holds at first
+        self.length = 0  # t: positions filled
+        self._k: Tensor | None = None  # (N, H, capacity, Dh)
+        self._v: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # buffers the next reorder writes to
+        self.cross_k, self.cross_v = cross_k, cross_v
+        self.cross_bias: Tensor | None = None  # (B, H, 1, S) 0 / -inf: the source mask
+        self.self_bias: Tensor | None = None  # always None: every row sees its whole past
+        if self_k is not None and self_v is not None:
+            self.append(self_k, self_v)
+
+    @property
+    def self_k(self) -> Tensor | None:
+        """(N, H, t, Dh) view of the cached self-attention keys, None before the first step."""
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def self_v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write T new positions (N, H, T, Dh) after the t cached ones, in place.
+
+        Returns all keys and values so far, (N, H, t + T, Dh) views of the buffers.
+        """
+        end = self.length + k.size(2)
+        if self._k is None or self._v is None:
+            shape = (k.size(0), k.size(1), max(self.capacity, end), k.size(3))
+            self._k, self._v = k.new_empty(shape), v.new_empty(shape)
+        elif end > self._k.size(2):  # full: double (amortised O(1) copies per position)
+            capacity = max(2 * self._k.size(2), end)
+            self._k, self._v = self._resized(self._k, capacity), self._resized(self._v, capacity)
+            self._spare = None
+        self._k[:, :, self.length : end].copy_(k)
+        self._v[:, :, self.length : end].copy_(v)
+        self.length = end
+        return self._k[:, :, :end], self._v[:, :, :end]
+
+    def _resized(self, buf: Tensor, capacity: int) -> Tensor:
+        new = buf.new_empty(buf.size(0), buf.size(1), capacity, buf.size(3))
+        new[:, :, : self.length].copy_(buf[:, :, : self.length])
+        return new
+
+    def reorder_beams(self, rows: Tensor) -> None:
+        """Row i of the self-attention cache takes the history of row `rows[i]` (N',).
+
+        The sentences stay the same, so the cross-attention K/V do not move. One copy of the t
+        filled positions, into a spare buffer that the next reorder writes back over.
+        """
+        if self._k is None or self._v is None:
+            return
+        n, t = rows.numel(), self.length
+        shape = (n,) + self._k.shape[1:]
+        spare = self._spare
+        if spare is None or spare[0].shape != shape:  # the number of rows changed
+            spare = (self._k.new_empty(shape), self._v.new_empty(shape))
+        torch.index_select(self._k[:, :, :t], 0, rows, out=spare[0][:, :, :t])
+        torch.index_select(self._v[:, :, :t], 0, rows, out=spare[1][:, :, :t])
+        old = (self._k, self._v)
+        self._k, self._v = spare
+        self._spare = old if old[0].size(0) == n else None
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep rows `rows` (N',) of the self-attention cache and sentences `sentences` (B',)
+        of the cross-attention cache (default `rows`: one row per sentence)."""
+        self.reorder_beams(rows)
+        sentences = rows if sentences is None else sentences
+        if self.cross_k is not None and self.cross_v is not None:
+            self.cross_k = self.cross_k.index_select(0, sentences)
+            self.cross_v = self.cross_v.index_select(0, sentences)
+        if self.cross_bias is not None:
+            self.cross_bias = self.cross_bias.index_select(0, sentences)
+
+
+class SlotCache:
+    """One decoder layer's cache for rows at different positions (a `StepCache`).
+
+    Self-attention K/V live in (R, H, capacity, Dh) buffers: row i writes position
+    `positions[i]` and reads the first T; `self_bias` hides what is not its own past. The
+    cross-attention K/V of each row's sentence live in (R, H, S_max, Dh) buffers, zeros past
+    its length (masked by `cross_bias`; zeros, since 0 * garbage could be NaN). `start_step`
+    sets the views a step reads.
+    """
+
+    def __init__(self, rows: int, n_heads: int, d_head: int, src_len: int, like: Tensor) -> None:
+        self._k: Tensor | None = None  # (R, H, capacity, Dh), made by the first `append`
+        self._v: Tensor | None = None
+        cross = (rows, n_heads, src_len, d_head)
+        self._ck, self._cv = like.new_zeros(cross), like.new_zeros(cross)
+        self.cross_k = self.cross_v = self.cross_bias = self.self_bias = None
+        self._n, self._end, self._rows, self._positions = 0, 0, None, None
+
+    def load(self, row: int, k: Tensor, v: Tensor) -> None:
+        """Row `row` takes a new sentence's cross-attention K/V (H, S, Dh); its self-attention
+        history is zeroed (masked anyway, but an inf or NaN left there would leak as 0 * NaN)."""
+        S = k.size(1)
+        if S > self._ck.size(2):  # a longer source than any before: widen (zeros after)
+            self._ck, self._cv = widened(self._ck, 2, S), widened(self._cv, 2, S)
+        for buf in (self._ck, self._cv, self._k, self._v):
+            if buf is not None:
+                buf[row].zero_()
+        self._ck[row, :, :S].copy_(k)
+        self._cv[row, :, :S].copy_(v)
+
+    def start_step(
+        self, rows: Tensor, positions: Tensor, end: int, src_len: int, self_bias: Tensor,
+        cross_bias: Tensor,
+    ) -> None:  # fmt: skip
+        """Rows `rows` = 0..n-1 write `positions` (n,) and read T = `end` positions and S =
+        `src_len` source positions; the biases are (n * H, 1, T) and (n, H, 1, S)."""
+        n = rows.numel()
+        if self._k is not None and self._v is not None and end > self._k.size(2):
+            capacity = max(2 * self._k.size(2), end)
+            self._k, self._v = widened(self._k, 2, capacity), widened(self._v, 2, capacity)
+        self._n, self._end, self._rows, self._positions = n, end, rows, positions
+        self.cross_k, self.cross_v = self._ck[:n, :, :src_len], self._cv[:n, :, :src_len]
+        self.self_bias, self.cross_bias = self_bias, cross_bias
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write each row's new K/V (n, H, 1, Dh) at its position; (n, H, T, Dh) views back."""
+        if self._k is None or self._v is None:  # in the projections' dtype (autocast's)
+            shape = (self._ck.size(0), k.size(1), max(16, self._end), k.size(3))
+            self._k, self._v = k.new_zeros(shape), v.new_zeros(shape)
+        self._k[self._rows, :, self._positions] = k.squeeze(2)
+        self._v[self._rows, :, self._positions] = v.squeeze(2)
+        return self._k[: self._n, :, : self._end], self._v[: self._n, :, : self._end]
+
+    def keep(self, rows: Tensor, end: int, src_len: int) -> None:
+        """Rows `rows` (m,) move to 0..m-1 (their first `end` positions, `src_len` sources)."""
+        m = rows.numel()
+        for buf, width in ((self._k, end), (self._v, end), (self._ck, src_len),
+                           (self._cv, src_len)):  # fmt: skip
+            if buf is not None:
+                buf[:m, :, :width] = buf[:, :, :width].index_select(0, rows)
+
+
+def widened(buf: Tensor, dim: int, size: int) -> Tensor:
+    shape = list(buf.shape)
+    shape[dim] = size
+    new = buf.new_zeros(shape)
+    new.narrow(dim, 0, buf.size(dim)).copy_(buf)
+    return new

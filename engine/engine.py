@@ -1,0 +1,333 @@
+"""The inference engine: a trained `Transformer` that decodes faster on the CPU, same outputs.
+
+Legend: B sentences, N = B * K decoder rows (K per sentence), S src len, T tgt len, D d_model,
+H heads, Dh head dim, V vocab.
+
+`Engine(model)` implements the protocol `decoding.search` runs (`encode`, `decode` one new token
+per row on its own caches, `new_caches`), so greedy, beam and ensemble search run it as they
+run the model. It reads the model's parameters (shared, not copied; int8 quantizes copies) and
+replaces the model's layer code at inference with:
+- oneDNN's pre-packed matmuls for every linear layer on the CPU, the ReLU fused into the first
+  feed-forward matmul (`engine.packed`);
+- a one-token decoder step (`decoder_step`): 2-D rows, the heads folded into the batch of
+  `bmm`, the source mask a score bias added inside the matmul (`baddbmm`), and the beams of a
+  sentence attending together to its one copy of the cross-attention keys/values;
+- self-attention keys/values in preallocated buffers written in place (`BufferedKVCache`);
+- plain matmuls instead of `F.scaled_dot_product_attention` for sources of up to 16 positions;
+- greedy search with continuous batching (`engine.continuous`);
+- with `quantize="int8"`, int8 linear layers (`engine.int8`).
+Each path's gain on test2016 is in docs/benchmarks.md ("The engine, path by path",
+`python -m benchmarks.engine_paths`). The contract with the model is tested: the engine's
+logits equal the model's up to float rounding, and its searches give the same ids
+(tests/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.cache import BufferedKVCache, StepCache
+from engine.int8 import quantize_linears
+from engine.packed import PackedLinear, packing_available
+from model.attention import masked_softmax, padding_mask
+from model.layers import rows_per_sentence
+from model.transformer import AttentionMaps, Transformer
+
+SHORT_SOURCE = 16  # up to this many positions, plain matmuls beat SDPA's blocked kernel
+
+
+class Rows(nn.Module):
+    """Rows `start:end` of a linear layer's outputs (a slice of a fused projection), on the
+    layer's own parameters."""
+
+    def __init__(self, linear: nn.Linear, start: int, end: int) -> None:
+        super().__init__()
+        self.linear, self.start, self.end = linear, start, end
+
+    def forward(self, x: Tensor) -> Tensor:
+        if isinstance(self.linear, PackedLinear):  # its packed copy of the slice
+            return self.linear(x, rows=(self.start, self.end))
+        part = slice(self.start, self.end)
+        return F.linear(x, self.linear.weight[part], self.linear.bias[part])
+
+
+def linear_relu(linear: nn.Module, x: Tensor) -> Tensor:
+    """relu(linear(x)), inside the matmul where the layer is packed."""
+    if isinstance(linear, PackedLinear):
+        return linear(x, relu=True)
+    return F.relu(linear(x))
+
+
+class Engine(nn.Module):
+    """A trained Transformer for fast search (see the module docstring).
+
+    Args:
+        model: the trained model, on the device the engine runs on. It is not changed; the
+            engine uses its parameters, so build a new engine after changing them in place
+            only where `quantize="int8"` (int8 copies them).
+        quantize: "none" or "int8" (dynamic int8 linear layers, CPU only).
+        pack: use oneDNN's pre-packed matmuls; default: on the CPU where this torch has them.
+
+    Decoding runs as in eval mode (no dropout), whatever the model's mode.
+
+    Example:
+        >>> engine = Engine(model)
+        >>> beam_search(engine, src_ids, tokenizer.special, SearchConfig(beam_size=5))
+    """
+
+    def __init__(self, model: Transformer, quantize: str = "none", pack: bool | None = None):
+        super().__init__()
+        if quantize not in ("none", "int8"):
+            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
+        device = next(model.parameters()).device
+        if quantize == "int8" and device.type != "cpu":
+            raise ValueError(f"int8 dynamic quantization runs on the CPU only, the model is on {device}")
+        if pack is None:
+            pack = quantize == "none" and device.type == "cpu" and packing_available()
+        self.model = model
+        self.quantize = quantize
+        self.continuous_batching = quantize == "none"  # see `decoding.search.ContinuousGreedy`
+        self.n_heads, self.d_head = model.cfg.n_heads, model.cfg.d_head
+        self.norm_first = model.cfg.norm_first
+        prepare = _copy if quantize == "int8" else (_packed if pack else _shared)
+        self.encoder_linears = nn.ModuleList(
+            _encoder_linears(layer, prepare) for layer in model.encoder.layers
+        )
+        self.decoder_linears = nn.ModuleList(
+            _decoder_linears(layer, prepare) for layer in model.decoder.layers
+        )
+        self.generator = prepare(model.generator)
+        if quantize == "int8":
+            linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
+            quantize_linears(linears)  # swaps the layers inside these containers
+            self.generator = linears[2]
+        self.train(model.training)
+
+    # ----------------------------------------------------------------- the search protocol
+
+    def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """(B, S) ids -> memory (B, S, D), as `Transformer.encode`."""
+        if src_mask is None:
+            src_mask = padding_mask(src_ids, self.model.cfg.pad_id)
+        x = self.model.embed_source(src_ids)  # (B, S, D)
+        mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
+        for layer, linears in zip(self.model.encoder.layers, self.encoder_linears, strict=True):
+            x = self._encoder_layer(layer, linears, x, mask)
+        return self.model.encoder.final_norm(x)
+
+    def decode(
+        self,
+        tgt_ids: Tensor,  # (N, T); with caches T = 1, the token at position `offset`
+        memory: Tensor,  # (B, S, D)
+        src_mask: Tensor,  # (B, S) bool
+        caches: list[BufferedKVCache] | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """Logits (N, T, V) for the next token, as `Transformer.decode`. With `caches` (from
+        `new_caches`), one new token per row, run by `decoder_step`; without, the model's
+        teacher-forced pass."""
+        if caches is None:
+            return self.model.decode(tgt_ids, memory, src_mask)
+        if tgt_ids.size(1) != 1:
+            raise ValueError("the engine decodes one new token per row on its caches (T = 1)")
+        x = self.model.embed_target(tgt_ids, offset).squeeze(1)  # (N, D)
+        return self.generator(self.decoder_step(x, memory, src_mask, caches)).unsqueeze(1)
+
+    def new_caches(self) -> list[BufferedKVCache]:
+        """Empty caches, one per decoder layer."""
+        return [BufferedKVCache() for _ in self.decoder_linears]
+
+    def attention_maps(self, src_ids: Tensor, tgt_in: Tensor) -> AttentionMaps:
+        """The model's attention weights (its explicit path), for heatmaps."""
+        return self.model.attention_maps(src_ids, tgt_in)
+
+    def greedy_search_continuous(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        """`engine.continuous.continuous_greedy_search` on this engine."""
+        from engine.continuous import continuous_greedy_search
+
+        return continuous_greedy_search(self, *args, **kwargs)
+
+    # ---------------------------------------------------------------------------- encoder
+
+    def _split_heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        x = x.view(B, T, n, self.n_heads, self.d_head)  # (B, T, n, H, Dh)
+        return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, Dh)
+
+    def _encoder_layer(
+        self, layer: nn.Module, linears: nn.ModuleDict, x: Tensor, mask: Tensor
+    ) -> Tensor:
+        """`EncoderLayer.forward` at inference: x (B, S, D), mask (B, 1, 1, S)."""
+        norms = layer.norms
+        h = norms[0](x) if self.norm_first else x
+        q, k, v = self._split_heads(linears["qkv"](h), 3)  # (B, H, S, Dh) each
+        context = _attention(q, k, v, mask)  # (B, H, S, Dh)
+        B, H, S, Dh = context.shape
+        x = self._residual(x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0])
+        h = norms[1](x) if self.norm_first else x
+        return self._residual(x, linears["ff2"](linear_relu(linears["ff1"], h)), norms[1])
+
+    def _residual(self, x: Tensor, sublayer_output: Tensor, norm: nn.Module) -> Tensor:
+        x = x + sublayer_output
+        return x if self.norm_first else norm(x)
+
+    # ---------------------------------------------------------------------------- decoder
+
+    def embed_rows(self, tgt_ids: Tensor, positions: Tensor, end: int) -> Tensor:
+        """One token per row at its own position: ids (N,), positions (N,) < `end` -> (N, D)."""
+        model = self.model
+        embedded = model.tgt_embed(tgt_ids) * model.embed_scale  # (N, D)
+        return embedded + model.positional.rows(positions, end).to(embedded.dtype)
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every decoder layer's cross-attention keys and values, (B, H, S, Dh) each."""
+        return [self._cross_kv_heads(linears, memory) for linears in self.decoder_linears]
+
+    def _cross_kv_heads(self, linears: nn.ModuleDict, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self._split_heads(linears["cross_kv"](memory), 2)
+        return k, v
+
+    def decoder_step(
+        self, x: Tensor, memory: Tensor | None, src_mask: Tensor | None, caches: list[StepCache]
+    ) -> Tensor:
+        """The decoder on one new token per row: x (N, D) -> (N, D) after the final norm.
+
+        `memory` (B, S, D) and `src_mask` (B, S) are read on the first step only (the caches
+        keep the cross-attention keys/values and the mask bias); None when the caches have
+        them already (`engine.continuous`).
+        """
+        layers = self.model.decoder.layers
+        for layer, linears, cache in zip(layers, self.decoder_linears, caches, strict=True):
+            norms = layer.norms
+            h = norms[0](x) if self.norm_first else x
+            x = self._residual(x, self._self_step(linears, h, cache), norms[0])
+            h = norms[1](x) if self.norm_first else x
+            x = self._residual(x, self._cross_step(linears, h, memory, src_mask, cache), norms[1])
+            h = norms[2](x) if self.norm_first else x
+            x = self._residual(x, linears["ff2"](linear_relu(linears["ff1"], h)), norms[2])
+        return self.model.decoder.final_norm(x)
+
+    def _self_step(self, linears: nn.ModuleDict, h: Tensor, cache: StepCache) -> Tensor:
+        """h (N, D) -> self-attention output (N, D); appends this position's K/V to `cache`."""
+        N, D, H, Dh = h.size(0), h.size(1), self.n_heads, self.d_head
+        qkv = linears["self_qkv"](h)  # (N, 3D)
+        q, kv = qkv[:, :D], qkv[:, D:]
+        k, v = cache.append(kv[:, :D].view(N, H, 1, Dh), kv[:, D:].view(N, H, 1, Dh))  # (N, H, t, Dh)
+        t = k.size(2)
+        q = (q * (1.0 / math.sqrt(Dh))).view(N * H, 1, Dh)  # the copy makes it contiguous
+        keys = k.reshape(N * H, t, Dh).transpose(1, 2)  # (N * H, Dh, t)
+        if cache.self_bias is None:
+            scores = torch.bmm(q, keys)  # (N * H, 1, t)
+        else:  # rows at different positions: each sees its own past only
+            scores = torch.baddbmm(cache.self_bias, q, keys)
+        context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(N * H, t, Dh))
+        return linears["self_out"](context.view(N, D))
+
+    def _cross_step(
+        self,
+        linears: nn.ModuleDict,
+        h: Tensor,  # (N, D), N = B * K
+        memory: Tensor | None,
+        src_mask: Tensor | None,
+        cache: StepCache,
+    ) -> Tensor:
+        """Encoder-decoder attention of one token per row (N, D). The K rows of a sentence
+        attend together, as K queries per head, to its one set of keys and values."""
+        if cache.cross_k is None or cache.cross_v is None:  # contiguous once, not every step
+            k, v = self._cross_kv_heads(linears, memory)
+            cache.cross_k, cache.cross_v = k.contiguous(), v.contiguous()
+        k, v = cache.cross_k, cache.cross_v  # (B, H, S, Dh)
+        B, H, S, Dh = k.shape
+        if cache.cross_bias is None:  # (B, H, 1, S): 0 where a key may be seen, -inf where not
+            bias = torch.zeros(B, 1, 1, S, dtype=k.dtype, device=k.device)
+            bias.masked_fill_(~src_mask.view(B, 1, 1, S), float("-inf"))
+            cache.cross_bias = bias.expand(B, H, 1, S).contiguous()
+        N, D = h.shape
+        K = rows_per_sentence(N, B)
+        q = linears["cross_q"](h).view(B, K, H, Dh).transpose(1, 2).reshape(B * H, K, Dh)
+        keys = k.reshape(B * H, S, Dh).transpose(1, 2)  # (B * H, Dh, S)
+        bias = cache.cross_bias.view(B * H, 1, S)
+        scores = torch.baddbmm(bias, q, keys, alpha=1.0 / math.sqrt(Dh))  # (B * H, K, S)
+        context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * H, S, Dh))
+        return linears["cross_out"](context.view(B, H, K, Dh).transpose(1, 2).reshape(N, D))
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """The encoder's self-attention kernel at inference: (B, H, S, Dh) -> (B, H, S, Dh).
+
+    Short sources: plain matmuls, which beat SDPA's blocked kernel on the CPU at a few queries
+    per (row, head). bf16/fp16 on the CPU: the model's explicit path (SDPA's CPU kernel is
+    slower in bf16). Otherwise SDPA.
+    """
+    scale = 1.0 / math.sqrt(q.size(-1))
+    if q.size(2) <= SHORT_SOURCE:
+        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, S, S)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, S, S)
+        return masked_softmax(scores.float(), mask=mask).to(q.dtype) @ v
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+# ------------------------------------------------------------------ the engine's linear layers
+
+Prepare = Callable[[nn.Linear], nn.Module]
+
+
+def _shared(linear: nn.Linear) -> nn.Module:
+    return linear
+
+
+def _packed(linear: nn.Linear) -> nn.Module:
+    return PackedLinear.from_linear(linear)
+
+
+def _copy(linear: nn.Linear) -> nn.Module:  # to be quantized: a copy, the model keeps its own
+    copy = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    copy.to(linear.weight)
+    copy.load_state_dict(linear.state_dict())
+    return copy
+
+
+def _rows(linear: nn.Linear, start: int, end: int, prepare: Prepare) -> nn.Module:
+    """Rows `start:end` of `linear`: a view of the prepared layer, or (int8) a copy of them."""
+    if prepare is _copy:
+        part = nn.Linear(linear.in_features, end - start).to(linear.weight)
+        with torch.no_grad():
+            part.weight.copy_(linear.weight[start:end])
+            part.bias.copy_(linear.bias[start:end])
+        return part
+    return Rows(prepare(linear), start, end)
+
+
+def _encoder_linears(layer: nn.Module, prepare: Prepare) -> nn.ModuleDict:
+    return nn.ModuleDict(
+        {
+            "qkv": prepare(layer.self_attn.in_proj),
+            "out": prepare(layer.self_attn.out_proj),
+            "ff1": prepare(layer.feed_forward.linear1),
+            "ff2": prepare(layer.feed_forward.linear2),
+        }
+    )
+
+
+def _decoder_linears(layer: nn.Module, prepare: Prepare) -> nn.ModuleDict:
+    D, cross = layer.self_attn.d_model, layer.cross_attn.in_proj
+    return nn.ModuleDict(
+        {
+            "self_qkv": prepare(layer.self_attn.in_proj),
+            "self_out": prepare(layer.self_attn.out_proj),
+            "cross_q": _rows(cross, 0, D, prepare),
+            "cross_kv": _rows(cross, D, 3 * D, prepare),
+            "cross_out": prepare(layer.cross_attn.out_proj),
+            "ff1": prepare(layer.feed_forward.linear1),
+            "ff2": prepare(layer.feed_forward.linear2),
+        }
+    )
+
