@@ -86,7 +86,9 @@ class Engine(nn.Module):
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
         device = next(model.parameters()).device
         if quantize == "int8" and device.type != "cpu":
-            raise ValueError(f"int8 dynamic quantization runs on the CPU only, the model is on {device}")
+            raise ValueError(
+                f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
+            )
         if pack is None:
             pack = quantize == "none" and device.type == "cpu" and packing_available()
         self.model = model
@@ -168,7 +170,9 @@ class Engine(nn.Module):
         q, k, v = self._split_heads(linears["qkv"](h), 3)  # (B, H, S, Dh) each
         context = _attention(q, k, v, mask)  # (B, H, S, Dh)
         B, H, S, Dh = context.shape
-        x = self._residual(x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0])
+        x = self._residual(
+            x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0]
+        )
         h = norms[1](x) if self.norm_first else x
         return self._residual(x, linears["ff2"](linear_relu(linears["ff1"], h)), norms[1])
 
@@ -217,7 +221,9 @@ class Engine(nn.Module):
         N, D, H, Dh = h.size(0), h.size(1), self.n_heads, self.d_head
         qkv = linears["self_qkv"](h)  # (N, 3D)
         q, kv = qkv[:, :D], qkv[:, D:]
-        k, v = cache.append(kv[:, :D].view(N, H, 1, Dh), kv[:, D:].view(N, H, 1, Dh))  # (N, H, t, Dh)
+        k, v = cache.append(
+            kv[:, :D].view(N, H, 1, Dh), kv[:, D:].view(N, H, 1, Dh)
+        )  # (N, H, t, Dh)
         t = k.size(2)
         q = (q * (1.0 / math.sqrt(Dh))).view(N * H, 1, Dh)  # the copy makes it contiguous
         keys = k.reshape(N * H, t, Dh).transpose(1, 2)  # (N * H, Dh, t)
@@ -330,4 +336,3 @@ def _decoder_linears(layer: nn.Module, prepare: Prepare) -> nn.ModuleDict:
             "ff2": prepare(layer.feed_forward.linear2),
         }
     )
-
