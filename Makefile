@@ -25,7 +25,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 # Default experiment (CPU-sized Multi30k en->de: 37 min on 2 cores with AVX512-BF16, venv
-# included, test2016 BLEU 38.58 beam 5; measured 2026-11-23, README Results).
+# included, test2016 BLEU 38.58 beam 5; README, Results).
 # Uses local Multi30k files when ../shared/data/multi30k exists, else the Hub dataset
 # bentrevett/multi30k.
 # Override: make train DATA_DIR=/path/to/multi30k TRAIN_ARGS="trainer.max_steps=500"

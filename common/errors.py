@@ -2,7 +2,7 @@
 
 Every command-line entry point (`train.py`, `translate.py`, `scripts/*.py`) catches
 `UserError` and prints its message as one line, `<prog>: error: <message>`, with a non-zero
-exit status and no traceback (SPEC.md, "Errors"). Packages derive their own errors from it
+exit status and no traceback. Packages derive their own errors from it
 (`DataError`, `CheckpointError`, `ConfigError`, `DeviceError`, `TrainingError`), so a new one
 is caught everywhere without a list to keep in sync.
 """

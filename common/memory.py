@@ -10,21 +10,12 @@ freed memory went back to the OS and the next step's blocks page-faulted on firs
 
 `keep_freed_memory()` makes `malloc` keep freed memory for reuse instead (no `mmap`, no
 trimming), as jemalloc or tcmalloc would (PyTorch's CPU performance guide suggests those).
-Measured 2026-11-23 on a 2-core AMD EPYC (Zen 3) VM, torch 2.13.0+cpu, each setting in a
-process of its own, alternated (`/work/runs/s10/mal2.py`, `trainmal.py`):
-- search, the default checkpoint, 512 test2016 sentences, batches of 64, 2 threads, two
-  alternations: beam 5 93.3 / 92.1 -> 104.0 / 111.1 sentences/s, with 0.43-0.52 million
-  minor page faults per search (about 2 GB of fresh pages) -> 6,100-7,400; greedy (64 rows,
-  2 MB blocks) 306.9 / 283.7 -> 297.2 / 292.9, no change; peak resident memory 686-690 MB ->
-  685-695 MB. Keeping only the trim threshold (`mmap` still dynamic) was slower: 67-75
-  sentences/s at beam 5, 1.5 million faults.
-- training, the `tiny` model, fwd + bwd + Adam on 2,048-token batches, 2 threads, three
-  alternations: 0.758-0.787 -> 0.711-0.729 s per step (1.06-1.08x), 38,000-43,000 faults
-  per step -> 0-553; peak resident memory 890-900 -> 903-932 MB. `train.py
-  experiment=multi30k_en_de trainer.max_steps=200`, old and new code alternated, two runs
-  each: 5,085 / 5,053 -> 5,569 / 5,278 tokens/s (medians of the logged figures), wall 2:51 /
-  2:53 -> 2:39 / 2:48, 8.3 / 7.7 million -> 0.27 / 0.26 million page faults, the same
-  losses, peak resident memory 1.07-1.08 -> 1.17-1.19 GB.
+On a 2-core VM, each setting in a process of its own, alternated: beam 5 on 512 test2016
+sentences ran 1.13-1.20x as fast, its 0.43-0.52 million minor page faults per search (about 2 GB
+of fresh pages) down to 6,100-7,400; greedy search (64 rows, 2 MB blocks) did not change;
+training the `tiny` model ran 1.03-1.10x as fast with the same losses. Peak resident memory
+grew by up to 0.1 GB. Keeping only the trim threshold (`mmap` still dynamic) was slower. The
+figures, commands and machine are in docs/benchmarks.md ("The allocator").
 `benchmarks/bench_malloc.py` repeats the search comparison through the benchmark's workers.
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its

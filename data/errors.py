@@ -9,5 +9,5 @@ class DataError(UserError):
     """A problem with the corpus or the data/tokenizer config that the user can fix.
 
     The message is a single line naming the problem and the fix, so that the CLI can print it
-    to standard error without a traceback (see SPEC.md, "Errors").
+    to standard error without a traceback.
     """

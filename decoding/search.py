@@ -222,7 +222,7 @@ def _chunk_length(vocab: int) -> int:
     """Chunk length of `topk`: 64 where it divides `vocab`, else 32, 128, 96, 48, 16 (0 if
     none does). `amax` vectorises over multiples of 16; 64 was the fastest of 20-128 on (64 |
     320, 8000) rows; there `topk` was 1.75-4.8x torch's for k = 1 and 10
-    (`benchmarks/bench_decode_ops.py`, 2 threads, 2026-11-23)."""
+    (`benchmarks/bench_decode_ops.py`, 2 threads)."""
     return next((L for L in (64, 32, 128, 96, 48, 16) if vocab % L == 0), 0)
 
 

@@ -10,7 +10,7 @@ from omegaconf import open_dict
 from tests.train_helpers import CONF
 from training.config import ConfigError, Configs
 
-# SPEC.md's experiments and model presets, plus every other file: each must compose.
+# The README's experiments and model presets, plus every other file: each must compose.
 EXPERIMENTS = sorted(
     {"multi30k_en_de", "multi30k_de_en", "iwslt14_de_en", "wmt14_en_de"}
     | {p.stem for p in (CONF / "experiment").glob("*.yaml")}
@@ -46,7 +46,7 @@ def test_model_presets_match_the_paper(name, expected):
 
 
 def test_spec_keys_reach_the_typed_config():
-    """Every key SPEC.md names can be set on the command line and arrives where code reads it."""
+    """Every key the README names can be set on the command line and arrives where code reads it."""
     values = {
         "data.dir": "/corpus",
         "data.src_lang": "fr",

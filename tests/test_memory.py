@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # A training step allocates and frees the same large blocks every step: at 2,048 tokens x 8,000
 # vocabulary, 65 MB of logits and as much for their gradient. This one is 41 MB, above the
 # largest threshold (32 MB) below which glibc may serve a block from its heap by default.
-# Kept, glibc's heap still grows for the first few blocks (the first 4 of this step here,
-# 2026-11-23; 7 with `torch.ones` alone: a freed block of torch's 64-byte-aligned allocations
+# Kept, glibc's heap still grows for the first few blocks (the first 4 of this step on glibc
+# 2.36; 7 with `torch.ones` alone: a freed block of torch's 64-byte-aligned allocations
 # is not always reused at once), then reuses them; the warm-up runs 30.
 FAULTS_OF_STEPS = """
 import resource, sys, torch
