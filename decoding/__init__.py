@@ -1,6 +1,8 @@
-"""Inference: greedy/beam search on the KV cache (`search`), ensembles of models (`ensemble`),
-text in/out (`translator`), the decoding options (`config`), the checkpoint format
-(`checkpoint`), and the `translate.py` command line (`cli`) with its input sources (`inputs`).
+"""Inference: greedy/beam search on a KV cache (`search`), ensembles of models (`ensemble`),
+text in/out (`translator`), the decoding options (`config`), a reference decoder without a
+cache (`uncached`), and the `translate.py` command line (`cli`) with its input sources
+(`inputs`). Search runs anything with the model's protocol: the model itself, or the
+inference engine beside it (`engine.Engine`, what `translate.py` loads).
 
 The names below are imported on first use, so that `decoding.config` and `decoding.cli` load
 without torch. Attention heatmaps live in `decoding.plot` (it pulls in matplotlib).

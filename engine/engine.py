@@ -31,7 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from decoding.config import SearchConfig
+from decoding.search import Hypothesis, SpecialTokens
 from engine.cache import BufferedKVCache, StepCache
+from engine.continuous import continuous_greedy_search
 from engine.int8 import quantize_linears
 from engine.packed import PackedLinear, packing_available
 from model.attention import masked_softmax, padding_mask
@@ -148,11 +151,15 @@ class Engine(nn.Module):
         """The model's attention weights (its explicit path), for heatmaps."""
         return self.model.attention_maps(src_ids, tgt_in)
 
-    def greedy_search_continuous(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-        """`engine.continuous.continuous_greedy_search` on this engine."""
-        from engine.continuous import continuous_greedy_search
-
-        return continuous_greedy_search(self, *args, **kwargs)
+    def greedy_search_continuous(
+        self,
+        src_ids: list[list[int]],
+        special: SpecialTokens,
+        cfg: SearchConfig,
+        progress: Callable[[int], object] | None = None,
+    ) -> list[list[Hypothesis]]:
+        """Greedy search with continuous batching (`engine.continuous`) on this engine."""
+        return continuous_greedy_search(self, src_ids, special, cfg, progress)
 
     # ---------------------------------------------------------------------------- encoder
 
