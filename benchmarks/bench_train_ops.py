@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import peers
-from model.kernels import dropout
-from model.kernels import label_smoothed_cross_entropy
+from model.kernels import dropout, label_smoothed_cross_entropy
 
 PAD = 0
 

@@ -18,9 +18,9 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from data.batching import Batch, collate
+from model.kernels import label_smoothed_cross_entropy
 from tests.train_helpers import ROOT, toy, train_cmd
 from training.build import wrap_model
-from model.kernels import label_smoothed_cross_entropy
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from data.batching import Batch
 from decoding.search import SearchConfig
 from decoding.translator import Translator
 from evaluation import corpus_bleu, corpus_chrf
-from training import distributed
 from model.kernels import label_smoothed_cross_entropy
+from training import distributed
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

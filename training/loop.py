@@ -30,10 +30,10 @@ from checkpoint import load_checkpoint
 from common.errors import UserError
 from common.memory import keep_freed_memory
 from data.batching import Batch, BatchIterator, prefetch
+from model.kernels import label_smoothed_cross_entropy
 from training import build, distributed, evaluate
 from training.config import Configs
 from training.logger import TrainLogger
-from model.kernels import label_smoothed_cross_entropy
 from training.run_dir import RunDirLock
 from training.state import Trainee, TrainState, resume, save, seed_everything
 from training.stop import StopRequests
