@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from checkpoint import load_checkpoint
+from common import runtime
 from common.memory import on_glibc
 from data.batching import collate
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
@@ -332,5 +333,5 @@ def test_precision_auto_through_the_command_line(tmp_path):
     """`train.py trainer.precision=auto` trains in what this CPU does natively and says so."""
     proc = run_train(tmp_path / "run", "trainer.precision=auto", "trainer.max_steps=4")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    expected = "bf16" if build.native_bf16(torch.device("cpu")) else "fp32"
+    expected = "bf16" if runtime.native_bf16(torch.device("cpu")) else "fp32"
     assert f"trainer.precision=auto: {expected} on cpu" in proc.stdout + proc.stderr

@@ -16,9 +16,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from checkpoint import load_checkpoint, save_checkpoint
+from common import runtime
 from data.batching import collate, prefetch
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
-from training import build, distributed
+from training import build
 from training.loop import _updates, fit
 from training.run_dir import RunDirBusy, RunDirLock
 from training.state import TrainState
@@ -157,8 +158,8 @@ def test_resume_with_another_precision(tmp_path):
 def test_local_rank_beyond_the_visible_gpus_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(distributed.DeviceError, match="LOCAL_RANK=3 but only 2 CUDA"):
-        distributed.pick_device("auto", local_rank=3)
+    with pytest.raises(runtime.DeviceError, match="LOCAL_RANK=3 but only 2 CUDA"):
+        runtime.resolve_device("auto", "trainer.device", local_rank=3)
 
 
 def test_gpu_machine_with_cpu_only_torch_refuses_auto(tmp_path):

@@ -1,4 +1,4 @@
-"""Build what training needs from the typed config: data, model, optimizer, lr, precision.
+"""Build what training needs from the typed config: data, model, optimizer, lr, loss scale.
 
 Free functions, one per thing (Joey NMT's `builders.py`), so the loop in `loop.py` only runs.
 """
@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,7 +117,7 @@ def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> T
     return Trainee(
         model,
         build_optimizer(cfg.optim, model),
-        build_scaler(cfg.trainer.precision, device),
+        build_scaler(device, cfg.trainer.precision),
         TrainState(),
         WeightEMA(model, decay) if decay > 0 else None,
     )
@@ -191,35 +191,9 @@ def learning_rate(step: int, optim: OptimConfig, d_model: int) -> float:
     return inverse_sqrt_warmup(step, optim.lr, optim.warmup_steps)
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` does bf16 arithmetic in hardware: a CUDA GPU that supports it
-    (Ampere and later), or a CPU with AVX512-BF16 or AMX (what oneDNN's bf16 matmuls use)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-    return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` -> bf16 where the device has native bf16 (`native_bf16`), else fp32."""
-    if precision != "auto":
-        return precision
-    return "bf16" if native_bf16(device) else "fp32"
-
-
-def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+def build_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """Loss scaling for fp16 (a no-op object otherwise)."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-
-
-def autocast(precision: str, device: torch.device) -> AbstractContextManager:
-    """fp32: nothing; bf16/fp16: `torch.autocast` (matmuls in half precision, reductions fp32)."""
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def wrap_model(

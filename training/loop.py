@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from checkpoint import load_checkpoint
+from common import runtime
 from common.errors import UserError
 from common.memory import keep_freed_memory
 from data.batching import Batch, BatchIterator, prefetch
@@ -70,7 +71,7 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
         if keep_memory and ctx.device.type == "cpu" and keep_freed_memory():
             log.info("malloc keeps freed memory (common.memory): no page faults per step")
         if trainer.precision == "auto":
-            trainer.precision = build.resolve_precision("auto", ctx.device)
+            trainer.precision = runtime.resolve_precision(ctx.device, "auto")
             log.info("trainer.precision=auto: %s on %s", trainer.precision, ctx.device.type)
         distributed.check_shared_run_dir(run_dir, ctx)
         outcome = train(configs, run_dir, ctx)
@@ -170,7 +171,7 @@ class _Run:
         )
 
     def autocast(self) -> AbstractContextManager:
-        return build.autocast(self.cfg.trainer.precision, self.ctx.device)
+        return runtime.autocast(self.ctx.device, self.cfg.trainer.precision)
 
     def save(self, keep_last: int, is_best: bool = False) -> None:
         save(
@@ -258,7 +259,7 @@ def train_step(
         batch = batch.to(ctx.device, non_blocking=True)
         defer_sync = ctx.enabled and i < len(batches) - 1  # DDP all-reduces on the last backward
         with model.no_sync() if defer_sync else nullcontext():
-            with build.autocast(trainer.precision, ctx.device):
+            with runtime.autocast(ctx.device, trainer.precision):
                 logits = model(batch.src_ids, batch.tgt_in)  # (B, T, V)
             out = label_smoothed_cross_entropy(
                 logits, batch.tgt_out, batch.pad_id, optim.label_smoothing
