@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from checkpoint import build_model
 from common.files import atomic_write
 from data.batching import BatchIterator, TokenBatchSampler, token_lengths
 from data.dataset import cache_root, encode_split, filter_train_pairs, load_split
 from data.tokenizer import Tokenizer, train_or_load_tokenizer
-from model import Transformer
+from model import ModelConfig
 from training import distributed
 from training.config import Configs, OptimConfig
 from training.ema import WeightEMA
@@ -111,8 +112,10 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
 
 
 def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Trainee:
-    """A fresh model with its optimizer, loss scaler and train state."""
-    model = build_model(cfg, tokenizer, device)
+    """A fresh model (`checkpoint.build_model`) with its optimizer, loss scaler, train state."""
+    model_cfg = sized_model_config(cfg.model, tokenizer)
+    model = build_model(model_cfg, device=device)
+    log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
     decay = cfg.trainer.ema_decay
     return Trainee(
         model,
@@ -156,18 +159,14 @@ def valid_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> Bat
     return BatchIterator(data.valid, data.tokenizer.special, sampler)
 
 
-def build_model(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Transformer:
-    """The Transformer of `cfg.model`, sized to the tokenizer's vocabularies, on `device`."""
-    special = tokenizer.special
-    model_cfg = replace(
-        cfg.model,
+def sized_model_config(model_cfg: ModelConfig, tokenizer: Tokenizer) -> ModelConfig:
+    """`model_cfg` with the tokenizer's vocabulary sizes and padding id."""
+    return replace(
+        model_cfg,
         src_vocab_size=tokenizer.src_vocab_size,
         tgt_vocab_size=tokenizer.tgt_vocab_size,
-        pad_id=special.pad,
+        pad_id=tokenizer.special.pad,
     )
-    model = Transformer(model_cfg).to(device)
-    log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
-    return model
 
 
 def build_optimizer(optim: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
