@@ -20,6 +20,7 @@ from data.batching import collate
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import TrainingError, _Window, fit, train_step
+from training.run import Learner
 
 # Equivalence tests compare parameters after one plain SGD step with lr 1 and no clipping, so
 # the update IS the gradient. (Adam would turn the mathematically zero gradient of the key
@@ -137,7 +138,8 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
         indices = next(iter(sampler))
         rows = run.data.train[indices]
         batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special, indices)
-        train_step(model, run.trainee, [batch], run.cfg, ctx, _Window(ctx.device), lambda: False)
+        learner = Learner(run.cfg, ctx, run.trainee, model)
+        train_step(learner, [batch], _Window(ctx.device), lambda: False)
         torch.save(
             {"indices": indices, "params": params(run.trainee.model)}, tmp_path / f"rank{rank}.pt"
         )

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from itertools import islice
 
 import pytest
@@ -113,9 +114,10 @@ def test_resume_position_counts_batches_handed_out_not_prefetched(tmp_path):
     recorded: together they give exactly the batches of one uninterrupted pass."""
     run = toy(tmp_path, "trainer.update_freq=2", "trainer.max_tokens=96")
     loader = build.train_batches(run.data, run.cfg, run.ctx)
+    trainer = replace(run.cfg.trainer, update_freq=2, max_epochs=0, prefetch=2)
 
     def take(state: TrainState, n: int) -> list[list[list[int]]]:
-        updates = _updates(loader, state, 2, 0, 2, False)
+        updates = _updates(loader, state, trainer, False)
         return [[b.indices for b in group] for group in islice(updates, n)]
 
     straight = take(TrainState(), 20)  # more than one epoch
@@ -257,7 +259,7 @@ def test_a_run_stopped_before_validating_an_eval_step_validates_it_on_resume(tmp
     ckpt["train_state"]["validated_step"] = 3  # as a preemption right after step 6 leaves it
     save_checkpoint(ckpt_dir / "last.pt", ckpt)
     (ckpt_dir / "step_6.pt").unlink()
-    with caplog.at_level("INFO", logger="training.evaluate"):
+    with caplog.at_level("INFO", logger="training.run"):
         fit(toy_cfg(tmp_path, "trainer.max_steps=7", "trainer.eval_every=3"), tmp_path / "run")
     validated = [r.getMessage().split("|")[0] for r in caplog.records if "valid step" in r.message]
     assert validated == ["valid step 6 ", "valid step 7 "]
