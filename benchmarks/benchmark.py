@@ -84,6 +84,7 @@ from torch import Tensor, nn
 from benchmarks import peers
 from benchmarks.bench_model import PeerModel, load_preset, preset_names
 from common.errors import UserError, exit_status
+from common.runtime import autocast
 from data.batching import Batch, collate
 from data.tokenizer import SpecialIds
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
@@ -245,12 +246,6 @@ def train_flops(cfg: ModelConfig, batch: Batch) -> float:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def interleaved(

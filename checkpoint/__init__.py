@@ -1,5 +1,6 @@
 """The checkpoint format, below both training and decoding: save (atomic), safe load, and
-rebuilding the model and tokenizer a checkpoint holds (`checkpoint.format`)."""
+building the model (`build_model`: fresh for training, or with a checkpoint's weights) and the
+tokenizer a checkpoint holds (`checkpoint.format`)."""
 
 from checkpoint.format import (
     FORMAT_VERSION,
@@ -13,6 +14,7 @@ from checkpoint.format import (
     resolve_checkpoint,
     save_checkpoint,
     step_checkpoints,
+    stored_model,
     stored_tokenizer,
 )
 
@@ -28,5 +30,6 @@ __all__ = [
     "resolve_checkpoint",
     "save_checkpoint",
     "step_checkpoints",
+    "stored_model",
     "stored_tokenizer",
 ]

@@ -120,24 +120,50 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return ckpt
 
 
-def build_model(ckpt: dict[str, Any]) -> Transformer:
-    """Rebuild the model from a checkpoint's config and weights (eval mode)."""
+def build_model(
+    model_cfg: ModelConfig,
+    weights: dict[str, torch.Tensor] | None = None,
+    device: str | torch.device = "cpu",
+) -> Transformer:
+    """The one place a `Transformer` is made from its config, on `device`: freshly initialised
+    in train mode (training), or holding `weights` in eval mode (a checkpoint's).
+
+    The model is built on the CPU and then moved, so its initial weights are the same for every
+    device under one seed.
+
+    Raises:
+        CheckpointError: `weights` do not fit `model_cfg` (another version of the model code).
+    """
+    if weights is None:
+        return Transformer(model_cfg).to(device)
     try:
-        model = Transformer(ModelConfig(**ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
+        model = Transformer(model_cfg)
+        model.load_state_dict(weights)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise CheckpointError(
-            f"checkpoint does not match this model code ({str(e).splitlines()[0]}); "
-            "use the toolkit version that wrote it"
-        ) from None
-    return model.eval()
+        raise _mismatch(e) from None
+    return model.eval().to(device)
+
+
+def stored_model(ckpt: dict[str, Any], device: str | torch.device = "cpu") -> Transformer:
+    """The model a loaded checkpoint holds (its config and weights), in eval mode on `device`."""
+    try:
+        model_cfg = ModelConfig(**ckpt["model_config"])
+    except (TypeError, ValueError) as e:
+        raise _mismatch(e) from None
+    return build_model(model_cfg, ckpt["model"], device)
+
+
+def _mismatch(error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint does not match this model code ({str(error).splitlines()[0]}); "
+        "use the toolkit version that wrote it"
+    )
 
 
 def load_for_inference(path: str | Path, device: str | torch.device = "cpu") -> InferenceBundle:
     """Checkpoint file or run dir -> (model on `device`, tokenizer, raw checkpoint)."""
     ckpt = load_checkpoint(path)
-    model = build_model(ckpt).to(device)
-    return InferenceBundle(model, stored_tokenizer(ckpt, path), ckpt)
+    return InferenceBundle(stored_model(ckpt, device), stored_tokenizer(ckpt, path), ckpt)
 
 
 def stored_tokenizer(ckpt: dict[str, Any], path: str | Path) -> Tokenizer:

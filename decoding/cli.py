@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import Field, fields
 from pathlib import Path
 from typing import (
@@ -191,47 +191,6 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UserError(f"{flag} directory {target.parent} is not writable; pick another path")
 
 
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but torch sees no CUDA GPU; use --device cpu (or auto)")
-    return name
-
-
-def autocast_supported(device_type: str, dtype: object) -> bool:
-    """Whether torch autocasts a matmul on `device_type` to `dtype` (it may silently not)."""
-    import warnings
-
-    import torch
-
-    if not torch.amp.is_autocast_available(device_type):
-        return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "dtype is not supported. Disabling autocast."
-        with torch.autocast(device_type, dtype=dtype):
-            x = torch.ones(2, 2, device=device_type)
-            return (x @ x).dtype == dtype
-
-
-def autocast(device: str, precision: str) -> AbstractContextManager:
-    """The autocast context of `--precision` (fp32: none) on `device`."""
-    import torch
-
-    if precision == "fp32":
-        return nullcontext()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-    device_type = torch.device(device).type
-    if not autocast_supported(device_type, dtype):
-        raise UserError(
-            f"--precision {precision} is not supported on {device_type} by torch "
-            f"{torch.__version__}; use --precision fp32 (or bf16)"
-        )
-    return torch.autocast(device_type, dtype=dtype)
-
-
 def check_quantize(quantize: str, device: str, precision: str) -> None:
     if quantize == "none":
         return
@@ -281,15 +240,18 @@ def run(args: argparse.Namespace) -> None:
         n_lines = source.count_lines() if refs is not None or progress else None
         if refs is not None and n_lines is not None:  # a file: fail before loading the model
             check_ref_count(args.ref, len(refs), n_lines)
-        device = resolve_device(args.device)
+        from common import runtime
+
+        device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
         check_quantize(args.quantize, device, args.precision)
-        precision = autocast(device, args.precision)
+        runtime.check_autocast(device, args.precision, "--precision")
+        precision = runtime.autocast(device, args.precision)
 
         from common.memory import keep_freed_memory
         from decoding.translator import Translator
         from engine import load_engine
 
-        if device == "cpu":  # resolve_device gives "cpu" or "cuda"
+        if device == "cpu":  # the device type: "cpu" or "cuda"
             keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
         model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
         translator = Translator(model, tokenizer, cfg, device, args.inter_threads)

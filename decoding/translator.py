@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from common import runtime
 from data.batching import encode_source_batch
 from data.tokenizer import Tokenizer
 from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
@@ -159,7 +160,7 @@ class Translator:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.inter_threads, thread_name_prefix="search")
-        context = _autocast_of(self.device.type)  # thread-local: each worker enters it again
+        context = runtime.autocast_of(self.device.type)  # thread-local: each worker enters it again
         threads = torch.get_num_threads()
         intra = max(1, threads // self.inter_threads)
 
@@ -221,15 +222,6 @@ def length_sorted_batches(src_ids: list[list[int]], batch_size: int) -> list[lis
     first, `batch_size` at a time (benchmarks give peers the same batches)."""
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
-def _autocast_of(device_type: str) -> Callable[[], AbstractContextManager]:
-    """A factory of the calling thread's autocast context on `device_type` (autocast state is
-    per thread), or of a no-op when autocast is off."""
-    if not torch.is_autocast_enabled(device_type):
-        return nullcontext
-    dtype = torch.get_autocast_dtype(device_type)
-    return lambda: torch.autocast(device_type, dtype=dtype)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

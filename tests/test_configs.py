@@ -78,7 +78,7 @@ def test_unknown_override_fails_at_compose():
 
 
 def test_precision_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatch):
-    from training import build
+    from common import runtime
 
     cpu = torch.device("cpu")
     assert Configs.from_hydra(_compose("trainer.precision=auto")).trainer.precision == "auto"
@@ -89,9 +89,9 @@ def test_precision_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatc
     ):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
-        assert build.resolve_precision("auto", cpu) == expected
-        assert build.resolve_precision("fp32", cpu) == "fp32"  # only `auto` is resolved
-    assert build.resolve_precision("auto", torch.device("meta")) == "fp32"
+        assert runtime.resolve_precision(cpu, "auto") == expected
+        assert runtime.resolve_precision(cpu, "fp32") == "fp32"  # only `auto` is resolved
+    assert runtime.resolve_precision(torch.device("meta"), "auto") == "fp32"
 
 
 def test_default_experiment_uses_auto_precision_and_beam_search():

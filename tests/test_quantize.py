@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from checkpoint import model_payload, save_checkpoint
+from common import runtime
 from common.errors import UserError
 from decoding import SearchConfig, Translator, cli
 from decoding.search import beam_search
@@ -117,7 +118,7 @@ def test_int8_is_refused_off_the_cpu_and_with_autocast() -> None:
 
 
 @pytest.mark.skipif(
-    not cli.autocast_supported("cpu", torch.bfloat16), reason="no CPU bf16 autocast"
+    not runtime.autocast_supported("cpu", torch.bfloat16), reason="no CPU bf16 autocast"
 )
 def test_bf16_search_runs_with_a_bf16_cache(tiny_model) -> None:
     model = Engine(tiny_model(seed=0, dropout=0.0).eval())

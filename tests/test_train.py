@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from checkpoint import load_checkpoint
+from common import runtime
 from common.memory import on_glibc
 from data.batching import collate
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
 from training.loop import TrainingError, _Window, fit, train_step
+from training.run import Learner
 
 # Equivalence tests compare parameters after one plain SGD step with lr 1 and no clipping, so
 # the update IS the gradient. (Adam would turn the mathematically zero gradient of the key
@@ -136,7 +138,8 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
         indices = next(iter(sampler))
         rows = run.data.train[indices]
         batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special, indices)
-        train_step(model, run.trainee, [batch], run.cfg, ctx, _Window(ctx.device), lambda: False)
+        learner = Learner(run.cfg, ctx, run.trainee, model)
+        train_step(learner, [batch], _Window(ctx.device), lambda: False)
         torch.save(
             {"indices": indices, "params": params(run.trainee.model)}, tmp_path / f"rank{rank}.pt"
         )
@@ -332,5 +335,5 @@ def test_precision_auto_through_the_command_line(tmp_path):
     """`train.py trainer.precision=auto` trains in what this CPU does natively and says so."""
     proc = run_train(tmp_path / "run", "trainer.precision=auto", "trainer.max_steps=4")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    expected = "bf16" if build.native_bf16(torch.device("cpu")) else "fp32"
+    expected = "bf16" if runtime.native_bf16(torch.device("cpu")) else "fp32"
     assert f"trainer.precision=auto: {expected} on cpu" in proc.stdout + proc.stderr

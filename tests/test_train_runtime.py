@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from itertools import islice
 
 import pytest
@@ -16,9 +17,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from checkpoint import load_checkpoint, save_checkpoint
+from common import runtime
 from data.batching import collate, prefetch
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
-from training import build, distributed
+from training import build
 from training.loop import _updates, fit
 from training.run_dir import RunDirBusy, RunDirLock
 from training.state import TrainState
@@ -112,9 +114,10 @@ def test_resume_position_counts_batches_handed_out_not_prefetched(tmp_path):
     recorded: together they give exactly the batches of one uninterrupted pass."""
     run = toy(tmp_path, "trainer.update_freq=2", "trainer.max_tokens=96")
     loader = build.train_batches(run.data, run.cfg, run.ctx)
+    trainer = replace(run.cfg.trainer, update_freq=2, max_epochs=0, prefetch=2)
 
     def take(state: TrainState, n: int) -> list[list[list[int]]]:
-        updates = _updates(loader, state, 2, 0, 2, False)
+        updates = _updates(loader, state, trainer, False)
         return [[b.indices for b in group] for group in islice(updates, n)]
 
     straight = take(TrainState(), 20)  # more than one epoch
@@ -157,8 +160,8 @@ def test_resume_with_another_precision(tmp_path):
 def test_local_rank_beyond_the_visible_gpus_is_one_line(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    with pytest.raises(distributed.DeviceError, match="LOCAL_RANK=3 but only 2 CUDA"):
-        distributed.pick_device("auto", local_rank=3)
+    with pytest.raises(runtime.DeviceError, match="LOCAL_RANK=3 but only 2 CUDA"):
+        runtime.resolve_device("auto", "trainer.device", local_rank=3)
 
 
 def test_gpu_machine_with_cpu_only_torch_refuses_auto(tmp_path):
@@ -256,7 +259,7 @@ def test_a_run_stopped_before_validating_an_eval_step_validates_it_on_resume(tmp
     ckpt["train_state"]["validated_step"] = 3  # as a preemption right after step 6 leaves it
     save_checkpoint(ckpt_dir / "last.pt", ckpt)
     (ckpt_dir / "step_6.pt").unlink()
-    with caplog.at_level("INFO", logger="training.evaluate"):
+    with caplog.at_level("INFO", logger="training.run"):
         fit(toy_cfg(tmp_path, "trainer.max_steps=7", "trainer.eval_every=3"), tmp_path / "run")
     validated = [r.getMessage().split("|")[0] for r in caplog.records if "valid step" in r.message]
     assert validated == ["valid step 6 ", "valid step 7 "]

@@ -22,6 +22,7 @@ import torch
 
 import translate
 from checkpoint import model_payload, save_checkpoint
+from common import runtime
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig, Translator, cli
 from decoding.ensemble import Ensemble
@@ -310,7 +311,7 @@ def test_precision_bf16_runs_and_fp32_is_unchanged(
 def test_unsupported_precision_is_one_line(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, checkpoint: Path
 ) -> None:
-    monkeypatch.setattr(cli, "autocast_supported", lambda device_type, dtype: False)
+    monkeypatch.setattr(runtime, "autocast_supported", lambda device_type, dtype: False)
     status, _, err = call_main(capsys, "-c", str(checkpoint), "--precision", "fp16", "a")
     assert status != 0
     assert_one_line_error(err, "--precision fp16", "--precision fp32")

@@ -16,6 +16,7 @@ import training.config  # noqa: F401  (registers the decoding schema with Hydra)
 from training import build, distributed
 from training.config import Configs
 from training.loop import _Window, train_step
+from training.run import Learner
 from training.state import Trainee, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,10 +57,8 @@ class Toy:
 
     def update(self, batches: list) -> tuple[float, bool]:
         """One `train_step` on the plain model, as `fit` runs it in one process."""
-        window = _Window(self.ctx.device)
-        grad_norm, stop = train_step(
-            self.trainee.model, self.trainee, batches, self.cfg, self.ctx, window, lambda: False
-        )
+        learner = Learner(self.cfg, self.ctx, self.trainee, self.trainee.model)
+        grad_norm, stop = train_step(learner, batches, _Window(self.ctx.device), lambda: False)
         self.trainee.state.step += 1
         return grad_norm, stop
 

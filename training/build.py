@@ -1,4 +1,4 @@
-"""Build what training needs from the typed config: data, model, optimizer, lr, precision.
+"""Build what training needs from the typed config: data, model, optimizer, lr, loss scale.
 
 Free functions, one per thing (Joey NMT's `builders.py`), so the loop in `loop.py` only runs.
 """
@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from checkpoint import build_model
 from common.files import atomic_write
 from data.batching import BatchIterator, TokenBatchSampler, token_lengths
 from data.dataset import cache_root, encode_split, filter_train_pairs, load_split
 from data.tokenizer import Tokenizer, train_or_load_tokenizer
-from model import Transformer
+from model import ModelConfig
 from training import distributed
 from training.config import Configs, OptimConfig
 from training.ema import WeightEMA
@@ -111,13 +112,15 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
 
 
 def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Trainee:
-    """A fresh model with its optimizer, loss scaler and train state."""
-    model = build_model(cfg, tokenizer, device)
+    """A fresh model (`checkpoint.build_model`) with its optimizer, loss scaler, train state."""
+    model_cfg = sized_model_config(cfg.model, tokenizer)
+    model = build_model(model_cfg, device=device)
+    log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
     decay = cfg.trainer.ema_decay
     return Trainee(
         model,
         build_optimizer(cfg.optim, model),
-        build_scaler(cfg.trainer.precision, device),
+        build_scaler(device, cfg.trainer.precision),
         TrainState(),
         WeightEMA(model, decay) if decay > 0 else None,
     )
@@ -156,18 +159,14 @@ def valid_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> Bat
     return BatchIterator(data.valid, data.tokenizer.special, sampler)
 
 
-def build_model(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Transformer:
-    """The Transformer of `cfg.model`, sized to the tokenizer's vocabularies, on `device`."""
-    special = tokenizer.special
-    model_cfg = replace(
-        cfg.model,
+def sized_model_config(model_cfg: ModelConfig, tokenizer: Tokenizer) -> ModelConfig:
+    """`model_cfg` with the tokenizer's vocabulary sizes and padding id."""
+    return replace(
+        model_cfg,
         src_vocab_size=tokenizer.src_vocab_size,
         tgt_vocab_size=tokenizer.tgt_vocab_size,
-        pad_id=special.pad,
+        pad_id=tokenizer.special.pad,
     )
-    model = Transformer(model_cfg).to(device)
-    log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
-    return model
 
 
 def build_optimizer(optim: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -191,35 +190,9 @@ def learning_rate(step: int, optim: OptimConfig, d_model: int) -> float:
     return inverse_sqrt_warmup(step, optim.lr, optim.warmup_steps)
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` does bf16 arithmetic in hardware: a CUDA GPU that supports it
-    (Ampere and later), or a CPU with AVX512-BF16 or AMX (what oneDNN's bf16 matmuls use)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-    return False
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` -> bf16 where the device has native bf16 (`native_bf16`), else fp32."""
-    if precision != "auto":
-        return precision
-    return "bf16" if native_bf16(device) else "fp32"
-
-
-def build_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+def build_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
     """Loss scaling for fp16 (a no-op object otherwise)."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-
-
-def autocast(precision: str, device: torch.device) -> AbstractContextManager:
-    """fp32: nothing; bf16/fp16: `torch.autocast` (matmuls in half precision, reductions fp32)."""
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def wrap_model(

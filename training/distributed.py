@@ -1,8 +1,8 @@
 """torchrun / DistributedDataParallel plumbing: one process per device, NCCL or gloo.
 
 What a rank does, in order (see `training/loop.py::fit`):
-1. `setup()` picks the device and forms the process group, with an explicit collective timeout
-   (`trainer.dist_timeout`) and, on CUDA, `device_id`.
+1. `setup()` picks the device (`common.runtime.resolve_device`) and forms the process group,
+   with an explicit collective timeout (`trainer.dist_timeout`) and, on CUDA, `device_id`.
 2. `check_shared_run_dir()`: every rank must see rank 0's run dir (multi-node needs a shared
    filesystem); otherwise every rank stops with one line instead of diverging.
 3. Rank 0 prepares the data (SentencePiece, encoded caches) while the others wait for a file,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import time
 import uuid
@@ -27,12 +26,9 @@ import torch.distributed as dist
 
 from common.errors import UserError
 from common.files import atomic_write
+from common.runtime import resolve_device
 
 log = logging.getLogger(__name__)
-
-
-class DeviceError(UserError):
-    """Asked for a device this machine does not have."""
 
 
 @dataclass
@@ -56,55 +52,11 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def nvidia_gpu_present() -> bool:
-    """An NVIDIA driver is installed (nvidia-smi on PATH or /dev/nvidia0), whatever torch sees."""
-    return shutil.which("nvidia-smi") is not None or Path("/dev/nvidia0").exists()
-
-
-def pick_device(requested: str, local_rank: int = 0) -> torch.device:
-    """`auto` -> CUDA when present, else CPU; `cuda` without a GPU is an error.
-
-    A machine with an NVIDIA GPU but a CPU-only torch build would silently train on the CPU,
-    hundreds of times slower: `auto` refuses that; `cpu` asks for it explicitly.
-    """
-    if requested not in ("auto", "cpu", "cuda"):
-        raise DeviceError(f"trainer.device={requested} is not one of auto|cpu|cuda")
-    if requested == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        if requested == "cuda":
-            raise DeviceError(
-                "trainer.device=cuda but no CUDA GPU is visible to PyTorch "
-                f"(torch {torch.__version__}); use trainer.device=cpu or auto"
-            )
-        if nvidia_gpu_present() and torch.version.cuda is None:
-            raise DeviceError(
-                f"this machine has an NVIDIA GPU but torch {torch.__version__} is a CPU-only "
-                "build; install the CUDA build (`pip install --force-reinstall "
-                f"torch=={torch.__version__.split('+')[0]}` from PyPI; `make venv` does it "
-                "on a machine with the driver), or train on the CPU with trainer.device=cpu"
-            )
-        if nvidia_gpu_present():
-            raise DeviceError(
-                f"this machine has an NVIDIA GPU but torch {torch.__version__} (CUDA "
-                f"{torch.version.cuda}) cannot use it (driver too old, or CUDA_VISIBLE_DEVICES "
-                "hides it: see nvidia-smi); fix that, or train on the CPU with trainer.device=cpu"
-            )
-        return torch.device("cpu")
-    if local_rank >= torch.cuda.device_count():
-        raise DeviceError(
-            f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA device(s) are "
-            "visible; start at most that many processes per node (torchrun --nproc_per_node) "
-            "or check CUDA_VISIBLE_DEVICES"
-        )
-    return torch.device("cuda", local_rank)
-
-
 def setup(requested_device: str, timeout_s: float = 1800.0, tf32: bool = True) -> DistContext:
     """Pick the device and, under torchrun (WORLD_SIZE > 1), form the process group."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(requested_device, local_rank)
+    device = resolve_device(requested_device, "trainer.device", local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         # TF32 tensor cores for fp32 matmuls (Ampere+): ~8x the fp32 rate, 10-bit mantissa.

@@ -1,4 +1,5 @@
-"""Validation (loss, BLEU, chrF) and the final test of the best checkpoint (`results.json`).
+"""What validation and the final test compute, as plain functions (`Run.validate` and
+`Run.test` call them): the valid loss, translations shared over ranks, BLEU/chrF, `results.json`.
 
 Under DDP every rank translates its share of the sentences and rank 0 scores the whole set, so
 validation takes 1/W of the time and no rank idles in a collective while another decodes.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
     import datasets
 
-    from data.tokenizer import Tokenizer
-    from training.logger import TrainLogger
     from training.state import TrainState
 
     Autocast = Callable[[], AbstractContextManager]  # a fresh precision context per use
@@ -75,68 +73,28 @@ def translate_shared(
     return out
 
 
-def _texts(raw: datasets.Dataset, limit: int = 0) -> tuple[list[str], list[str]]:
+def texts(raw: datasets.Dataset, limit: int = 0) -> tuple[list[str], list[str]]:
+    """The source and target sentences of a split (its first `limit` pairs, if given)."""
     columns = raw[:limit] if limit else raw[:]  # one Arrow read (column access is row by row)
     return columns["src"], columns["tgt"]
 
 
-def validate(
-    model: torch.nn.Module,
-    tokenizer: Tokenizer,
-    valid: datasets.Dataset,
-    batches: Iterable[Batch],
-    search: SearchConfig,
-    max_sentences: int,
-    label_smoothing: float,
-    autocast: Autocast,
-    ctx: distributed.DistContext,
-    logger: TrainLogger,
-    step: int,
-) -> dict[str, float]:
-    """Loss, perplexity, BLEU and chrF on the validation split (the same values on all ranks);
-    rank 0 logs them, sample translations and an attention heatmap."""
-    loss, nll = valid_loss(model, batches, label_smoothing, autocast, ctx)
-    metrics = {"loss": loss, "ppl": math.exp(min(nll, 50)), "bleu": 0.0, "chrf": 0.0}
-    src, ref = _texts(valid, max_sentences)
-    translator = Translator(model, tokenizer, search, ctx.device)
-    with autocast():
-        hyps = translate_shared(translator, src, ctx)
-    if ctx.is_main:
-        bleu, chrf = corpus_bleu(hyps, ref), corpus_chrf(hyps, ref)
-        metrics.update(bleu=bleu.score, chrf=chrf.score)
-        log.info(
-            "valid step %d | loss %.3f | ppl %.2f | BLEU %.2f | chrF %.2f | %s",
-            step,
-            loss,
-            metrics["ppl"],
-            bleu.score,
-            chrf.score,
-            bleu.signature,
-        )
-        logger.scalars("valid", metrics, step)
-        logger.samples(src, ref, hyps, step)
-        if src:
-            logger.attention(translator, src[0], step)
-    metrics["bleu"], metrics["chrf"] = distributed.broadcast_object(
-        (metrics["bleu"], metrics["chrf"]), ctx
-    )
-    return metrics
+def scores(hyps: list[str], refs: list[str]) -> dict[str, Any]:
+    """Corpus BLEU and chrF of `hyps` against `refs`, with their sacreBLEU signatures."""
+    bleu, chrf = corpus_bleu(hyps, refs), corpus_chrf(hyps, refs)
+    return {
+        "bleu": bleu.score,
+        "chrf": chrf.score,
+        "signature": bleu.signature,
+        "chrf_signature": chrf.signature,
+    }
 
 
-def test_and_report(
-    model: torch.nn.Module,
-    tokenizer: Tokenizer,
-    test: dict[str, datasets.Dataset],
-    search: SearchConfig,
-    autocast: Autocast,
-    ctx: distributed.DistContext,
-    state: TrainState,
-    run_dir: Path,
-    tgt_lang: str,
+def results_summary(
+    state: TrainState, search: SearchConfig, model: torch.nn.Module, world_size: int
 ) -> dict[str, Any]:
-    """Translate every test split with `model` (the best checkpoint's weights); rank 0 writes
-    `hyp.<split>.<lang>` and `results.json`. Returns the results on every rank."""
-    results: dict[str, Any] = {
+    """What `results.json` holds about the run; its "test" scores are filled in per split."""
+    return {
         "valid": {k: state.best_valid.get(k, 0.0) for k in ("bleu", "chrf", "loss", "ppl")},
         "test": {},
         "steps": state.step,
@@ -146,32 +104,11 @@ def test_and_report(
         "nonfinite_updates": state.nonfinite_total,
         "decoding": asdict(search),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "world_size": ctx.world_size,
+        "world_size": world_size,
     }
-    translator = Translator(model, tokenizer, search, ctx.device)
-    for split, raw in test.items():
-        src, ref = _texts(raw)
-        with autocast():
-            hyps = translate_shared(translator, src, ctx)
-        if not ctx.is_main:
-            continue
-        bleu, chrf = corpus_bleu(hyps, ref), corpus_chrf(hyps, ref)
-        results["test"][split] = {
-            "bleu": bleu.score,
-            "chrf": chrf.score,
-            "signature": bleu.signature,
-            "chrf_signature": chrf.signature,
-        }
-        log.info(
-            "test %s (best.pt, step %d) | BLEU %.2f | chrF %.2f | %s",
-            split,
-            state.best_step,
-            bleu.score,
-            chrf.score,
-            bleu.signature,
-        )
-        atomic_write(run_dir / f"hyp.{split}.{tgt_lang}", "\n".join(hyps) + "\n")
-    if ctx.is_main:
-        atomic_write(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
-        log.info("wrote %s", run_dir / "results.json")
-    return distributed.broadcast_object(results, ctx)
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    """Write `results` to `run_dir/results.json` atomically."""
+    atomic_write(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    log.info("wrote %s", run_dir / "results.json")

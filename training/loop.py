@@ -1,6 +1,7 @@
 """The training loop: `fit(cfg, run_dir)` trains, validates, checkpoints, resumes, and scores
 the best checkpoint on the test splits. Building things lives in `build.py`, validation and
-the test in `evaluate.py`, checkpoint state in `state.py`.
+the run's parts with validation, saving and the test in `run.py` (`Run`), checkpoint state in
+`state.py`.
 
 Data flow: corpus -> SentencePiece ids -> token-budget batches (built on a background thread)
 -> Transformer -> label-smoothed loss -> Adam step (lr from `schedule.py`); every `eval_every`
@@ -17,7 +18,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,16 +27,16 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from checkpoint import load_checkpoint
+from common import runtime
 from common.errors import UserError
 from common.memory import keep_freed_memory
 from data.batching import Batch, BatchIterator, prefetch
 from model.kernels import label_smoothed_cross_entropy
-from training import build, distributed, evaluate
-from training.config import Configs
-from training.logger import TrainLogger
+from training import build, distributed
+from training.config import Configs, TrainerConfig
+from training.run import Learner, Run
 from training.run_dir import RunDirLock
-from training.state import Trainee, TrainState, resume, save, seed_everything
+from training.state import Trainee, TrainState
 from training.stop import StopRequests
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
         if keep_memory and ctx.device.type == "cpu" and keep_freed_memory():
             log.info("malloc keeps freed memory (common.memory): no page faults per step")
         if trainer.precision == "auto":
-            trainer.precision = build.resolve_precision("auto", ctx.device)
+            trainer.precision = runtime.resolve_precision(ctx.device, "auto")
             log.info("trainer.precision=auto: %s on %s", trainer.precision, ctx.device.type)
         distributed.check_shared_run_dir(run_dir, ctx)
         outcome = train(configs, run_dir, ctx)
@@ -87,19 +88,13 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
 def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     """Update until `max_steps`/`max_epochs`/patience or a stop request, validating every
     `eval_every` updates; then test the best checkpoint."""
-    run = _Run.start(cfg, run_dir, ctx)
-    trainer, trainee, state = cfg.trainer, run.trainee, run.trainee.state
+    run = Run.start(cfg, run_dir, ctx)
+    trainer, state = cfg.trainer, run.trainee.state
     at_eval_step = state.step > 0 and state.step % trainer.eval_every == 0
     if at_eval_step and state.validated_step != state.step:
         run.validate_and_save()  # the last run stopped between this update and its validation
-    updates = _updates(
-        build.train_batches(run.data, cfg, ctx),
-        state,
-        trainer.update_freq,
-        trainer.max_epochs,
-        trainer.prefetch,
-        ctx.device.type == "cuda",
-    )
+    pin_memory = ctx.device.type == "cuda"
+    updates = _updates(build.train_batches(run.data, cfg, ctx), state, trainer, pin_memory)
     window = _Window(ctx.device)
     progress = tqdm(
         total=trainer.max_steps or None,
@@ -111,19 +106,19 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     started, first_step = time.perf_counter(), state.step + 1
     with StopRequests() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
-            grad_norm, stop_now = train_step(
-                run.train_model, trainee, batches, cfg, ctx, window, stop.requested
-            )
+            grad_norm, stop_now = train_step(run, batches, window, stop.requested)
             state.step += 1
             progress.update(1)
             if state.step == first_step:
                 log.info("first update done (step %d)", state.step)
             if state.step % trainer.log_every == 0:
-                progress.set_postfix(_log_train(window, trainee, grad_norm, run.logger, ctx))
+                progress.set_postfix(_log_train(run, window, grad_norm))
             if stop_now or state.step % trainer.eval_every == 0:
                 state.train_seconds += time.perf_counter() - started
                 if stop_now:  # every rank stops after this same update, before validating it
-                    return run.stop(stop.reason or "a stop request on another rank")
+                    reason = stop.reason or "a stop request on another rank"
+                    run.stop(reason)
+                    return Outcome({"steps": state.step}, preempted=reason)
                 run.validate_and_save()
                 started = time.perf_counter()
     progress.close()
@@ -133,124 +128,16 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     return Outcome(run.test())
 
 
-@dataclass
-class _Run:
-    """What one run holds once built: data, the trainee (model, optimizer, scaler, state), the
-    model that trains (DDP/compiled wrapper), TensorBoard, and where checkpoints go."""
-
-    cfg: Configs
-    run_dir: Path
-    ctx: distributed.DistContext
-    data: build.Data
-    trainee: Trainee
-    train_model: torch.nn.Module
-    logger: TrainLogger
-    valid_batches: BatchIterator
-
-    @classmethod
-    def start(cls, cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> _Run:
-        """Data, model, optimizer; resume from `last.pt` if there is one (before DDP wraps)."""
-        log.info(
-            "device: %s (%s), world size %d", ctx.device, _device_name(ctx.device), ctx.world_size
-        )
-        seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
-        data = build.prepare_data(cfg, run_dir, ctx)
-        trainee = build.build_trainee(cfg, data.tokenizer, ctx.device)
-        if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx):
-            seed_everything(cfg.trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams
-        return cls(
-            cfg,
-            run_dir,
-            ctx,
-            data,
-            trainee,
-            build.wrap_model(trainee.model, ctx, cfg.trainer.compile),
-            TrainLogger(run_dir / "tb", cfg.logger, enabled=ctx.is_main),
-            build.valid_batches(data, cfg, ctx),
-        )
-
-    def autocast(self) -> AbstractContextManager:
-        return build.autocast(self.cfg.trainer.precision, self.ctx.device)
-
-    def save(self, keep_last: int, is_best: bool = False) -> None:
-        save(
-            self.trainee,
-            self.data.tokenizer,
-            self.cfg.raw,
-            self.run_dir / "checkpoints",
-            keep_last,
-            self.ctx,
-            is_best,
-        )
-        distributed.barrier(self.ctx)
-
-    def validate_and_save(self) -> None:
-        """Validate; track the best BLEU (early stopping); write last/best/step_N.pt."""
-        cfg, state, ema = self.cfg, self.trainee.state, self.trainee.ema
-        with ema.applied() if ema else nullcontext():  # validate what best.pt will hold
-            metrics = evaluate.validate(
-                self.trainee.model, self.data.tokenizer, self.data.valid, self.valid_batches,
-                cfg.decoding, cfg.trainer.valid_max_sentences, cfg.optim.label_smoothing,
-                self.autocast, self.ctx, self.logger, state.step)  # fmt: skip
-        improved = metrics["bleu"] > state.best_bleu
-        if improved:
-            state.best_bleu, state.best_step, state.best_valid = (
-                metrics["bleu"],
-                state.step,
-                metrics,
-            )
-        state.bad_evals = 0 if improved else state.bad_evals + 1
-        state.validated_step = state.step
-        self.save(cfg.trainer.keep_last, is_best=improved)
-
-    def stop(self, reason: str) -> Outcome:
-        """Save `last.pt` at this exact step (no validation) and end the run early."""
-        self.save(keep_last=0)
-        self.logger.close()
-        log.warning(
-            "stopped by %s after step %d; checkpoints/last.pt saved",
-            reason,
-            self.trainee.state.step,
-        )
-        return Outcome({"steps": self.trainee.state.step}, preempted=reason)
-
-    def test(self) -> dict[str, Any]:
-        """Score `best.pt` on the test splits (results.json) and close TensorBoard."""
-        model, state = self.trainee.model, self.trainee.state
-        best = self.run_dir / "checkpoints" / "best.pt"
-        if best.is_file():
-            model.load_state_dict(load_checkpoint(best)["model"])
-        results = evaluate.test_and_report(
-            model,
-            self.data.tokenizer,
-            self.data.test,
-            self.cfg.decoding,
-            self.autocast,
-            self.ctx,
-            state,
-            self.run_dir,
-            self.cfg.data.tgt_lang,
-        )
-        self.logger.hparams(self.cfg.raw, state.best_bleu)
-        self.logger.close()
-        return results
-
-
 def train_step(
-    model: torch.nn.Module,
-    trainee: Trainee,
-    batches: list[Batch],
-    cfg: Configs,
-    ctx: distributed.DistContext,
-    window: _Window,
-    stop_requested: Callable[[], bool],
+    learner: Learner, batches: list[Batch], window: _Window, stop_requested: Callable[[], bool]
 ) -> tuple[float, bool]:
     """One optimizer update over `batches` (gradient accumulation): forward, loss, backward,
     clip, step, schedule. Equal to one big batch: gradients are normalised by the target
     tokens of the whole update on all ranks. Returns the gradient norm and whether any rank
     was asked to stop (asked at the end of this update), from the update's one host read."""
+    model, trainee, ctx = learner.train_model, learner.trainee, learner.ctx
     optimizer, scaler, state = trainee.optimizer, trainee.scaler, trainee.state
-    trainer, optim = cfg.trainer, cfg.optim
+    trainer, optim = learner.cfg.trainer, learner.cfg.optim
     model.train()
     per_token = 1.0 / (trainer.max_tokens * trainer.update_freq)  # a constant: fp16-safe scale
     local_tokens = 0
@@ -258,7 +145,7 @@ def train_step(
         batch = batch.to(ctx.device, non_blocking=True)
         defer_sync = ctx.enabled and i < len(batches) - 1  # DDP all-reduces on the last backward
         with model.no_sync() if defer_sync else nullcontext():
-            with build.autocast(trainer.precision, ctx.device):
+            with runtime.autocast(ctx.device, trainer.precision):
                 logits = model(batch.src_ids, batch.tgt_in)  # (B, T, V)
             out = label_smoothed_cross_entropy(
                 logits, batch.tgt_out, batch.pad_id, optim.label_smoothing
@@ -321,22 +208,20 @@ def _full(value: float, device: torch.device) -> torch.Tensor:
 
 
 def _updates(
-    batches: BatchIterator,
-    state: TrainState,
-    update_freq: int,
-    max_epochs: int,
-    depth: int,
-    pin_memory: bool,
+    batches: BatchIterator, state: TrainState, trainer: TrainerConfig, pin_memory: bool
 ) -> Iterator[list[Batch]]:
-    """Groups of `update_freq` batches, from where `state` says (mid-epoch on a resume).
+    """Groups of `trainer.update_freq` batches (`trainer.prefetch` of them made ahead, on a
+    background thread) until `trainer.max_epochs`, from where `state` says (mid-epoch on a
+    resume).
 
     `state.batches_done` counts the batches handed out, not those prefetched, so a checkpoint
     records the exact data position."""
+    max_epochs, depth = trainer.max_epochs, trainer.prefetch
     while not (max_epochs and state.epoch >= max_epochs):
         group: list[Batch] = []
         for batch in prefetch(batches.epoch(state.epoch, state.batches_done), depth, pin_memory):
             group.append(batch)
-            if len(group) == update_freq:
+            if len(group) == trainer.update_freq:
                 state.batches_done += len(group)
                 yield group
                 group = []
@@ -346,7 +231,7 @@ def _updates(
         state.epoch, state.batches_done = state.epoch + 1, 0
 
 
-def _should_stop(state: TrainState, trainer) -> bool:
+def _should_stop(state: TrainState, trainer: TrainerConfig) -> bool:
     if trainer.max_steps and state.step >= trainer.max_steps:
         return True
     if trainer.max_epochs and state.epoch >= trainer.max_epochs:
@@ -375,14 +260,9 @@ class _Window:
         self.all_tokens += batch.n_tgt_tokens + batch.n_src_tokens
 
 
-def _log_train(
-    window: _Window,
-    trainee: Trainee,
-    grad_norm: float,
-    logger: TrainLogger,
-    ctx: distributed.DistContext,
-) -> dict[str, str]:
+def _log_train(run: Run, window: _Window, grad_norm: float) -> dict[str, str]:
     """Reduce the window over ranks (one host read), log it, and start a new window."""
+    trainee, ctx = run.trainee, run.ctx
     sums = torch.stack(
         [
             torch.as_tensor(window.loss, device=ctx.device).double(),
@@ -407,7 +287,7 @@ def _log_train(
         grad_norm,
         tok_s,
     )
-    logger.scalars(
+    run.logger.scalars(
         "train",
         {
             "loss": loss,
@@ -420,7 +300,3 @@ def _log_train(
     )
     window.__init__(ctx.device)
     return {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"}
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"

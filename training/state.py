@@ -1,5 +1,6 @@
 """What a resumed run needs besides the weights: progress, optimizer, loss scale, every rank's
-random state; saved into `checkpoints/last.pt` (and `best.pt`, `step_<N>.pt` for inference).
+random state; what `checkpoints/last.pt` holds (`best.pt` and `step_<N>.pt` hold what inference
+needs), written by `Run.save` and restored by `resume`.
 
 Resume is exact: a run stopped after update k and restarted equals one that never stopped, bit
 for bit on the CPU, also under DDP, as long as the world size is the same.
@@ -15,13 +16,8 @@ from typing import Any
 
 import torch
 
-from checkpoint import (
-    CheckpointError,
-    keep_newest_step_checkpoints,
-    load_checkpoint,
-    model_payload,
-    save_checkpoint,
-)
+from checkpoint import CheckpointError, load_checkpoint, model_payload
+from data.tokenizer import Tokenizer
 from training import distributed
 from training.ema import WeightEMA
 
@@ -60,40 +56,26 @@ class Trainee:
         return self.ema.state_dict(self.model) if self.ema else self.model.state_dict()
 
 
-def save(
-    trainee: Trainee,
-    tokenizer,
-    config: dict,
-    ckpt_dir: Path,
-    keep_last: int,
-    ctx: distributed.DistContext,
-    is_best: bool = False,
-) -> None:
-    """Write `last.pt` (+ `best.pt`, + `step_<N>.pt` keeping `keep_last`). Call on every rank:
-    each contributes its random state; rank 0 writes."""
-    rngs = distributed.gather_objects(rng_state(), ctx)
-    if not ctx.is_main:
-        return
+def checkpoint_payloads(
+    trainee: Trainee, tokenizer: Tokenizer, config: dict, rngs: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What this run's checkpoints hold: `base`, in every one (the weights to translate with,
+    model config, tokenizer, progress), and `last`: `base` plus all that `resume` restores (the
+    trained weights if they differ, optimizer, loss scale, `rngs`: every rank's random state)
+    and the resolved `config`."""
     state = asdict(trainee.state)
     weights = trainee.inference_weights()
     base = {**model_payload(trainee.model, tokenizer, weights), "train_state": state}
     trained = {"train_weights": trainee.model.state_dict()} if trainee.ema else {}
-    save_checkpoint(
-        ckpt_dir / "last.pt",
-        {
-            **base,
-            **trained,
-            "optimizer": trainee.optimizer.state_dict(),
-            "scaler": trainee.scaler.state_dict(),
-            "rng": rngs,
-            "config": config,
-        },
-    )
-    if is_best:
-        save_checkpoint(ckpt_dir / "best.pt", {**base, "config": config})
-    if keep_last > 0:
-        save_checkpoint(ckpt_dir / f"step_{trainee.state.step}.pt", base)
-        keep_newest_step_checkpoints(ckpt_dir, keep_last)
+    last = {
+        **base,
+        **trained,
+        "optimizer": trainee.optimizer.state_dict(),
+        "scaler": trainee.scaler.state_dict(),
+        "rng": rngs,
+        "config": config,
+    }
+    return base, last
 
 
 def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:

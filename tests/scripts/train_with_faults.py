@@ -31,10 +31,10 @@ if os.environ.get("FAULT_CRASH_RANK") == str(RANK):
     real_train_step = loop.train_step
     crash_step = int(os.environ.get("FAULT_CRASH_STEP", "3"))
 
-    def crashing_train_step(model, trainee, *args, **kwargs):
-        if trainee.state.step + 1 == crash_step:
+    def crashing_train_step(learner, *args, **kwargs):
+        if learner.trainee.state.step + 1 == crash_step:
             raise RuntimeError(f"injected crash on rank {RANK} at step {crash_step}")
-        return real_train_step(model, trainee, *args, **kwargs)
+        return real_train_step(learner, *args, **kwargs)
 
     loop.train_step = crashing_train_step
 
