@@ -1,22 +1,18 @@
-"""What each of the engine's speed paths earns on real sentences: the engine against itself with
-one path switched off, and against the plain model, in one process, timed interleaved.
+"""What the engine's speed paths earn on real sentences: the engine against itself with a path
+switched off, in one process, timed interleaved.
 
     python -m benchmarks.engine_paths -c RUN_DIR --src test2016.en --repeats 5
 
 Variants (each a full `Translator` search of `--src`, greedy and beam 5):
-- engine: `Engine(model)`, what `translate.py` runs;
-- no packing: `Engine(model, pack=False)` (`F.linear` instead of oneDNN's packed matmuls);
-- SDPA for short sources: the encoder takes `F.scaled_dot_product_attention` at every length;
-- concatenating cache: a cache that grows by `torch.cat` (the model's `KVCache`) instead of
-  preallocated buffers written in place;
-- model's decoder step: the model's `DecoderLayer.forward` for the one-token step (compare with
-  "no packing", which has the same plain linear layers);
+- engine: `Engine(model)`, what `translate.py` runs (float32: the model's layers, greedy search
+  with continuous batching);
 - no continuous batching: greedy search batch by batch (greedy only);
-- model: the plain `Transformer` (every path off).
+- one-token step: every search on `Engine.step` (the step kernel that continuous batching and
+  int8 run) instead of the model's `DecoderLayer.forward`.
 Each repeat runs every variant once, in a rotating order; the table gives the median
-sentences/s, and each variant's speed relative to the engine (median and range of the
-per-repeat ratios of seconds, variant over engine; > 1: the engine is faster). It also says whether the variant's ids equal
-the engine's.
+sentences/s, and each variant's time relative to the engine's (median and range of the
+per-repeat ratios of seconds, variant over engine; > 1: the engine is faster). It also says
+whether the variant's ids equal the engine's.
 """
 
 from __future__ import annotations
@@ -24,77 +20,37 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from checkpoint import load_for_inference
 from common.files import read_lines
 from decoding import SearchConfig, Translator
 from engine import Engine
-from engine import engine as engine_module
-from model import KVCache
+from engine.cache import StepKVCache
 
 
-class _CatCache(KVCache):
-    """The model's cache with the fields the engine's step reads: grows by `torch.cat`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cross_bias: Tensor | None = None
-        self.self_bias: Tensor | None = None
-
-    def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
-        super().reorder(rows, sentences)
-        if self.cross_bias is not None:
-            sentences = rows if sentences is None else sentences
-            self.cross_bias = self.cross_bias.index_select(0, sentences)
-
-
-class _CatCacheEngine(Engine):
-    def new_caches(self) -> list:
-        return [_CatCache() for _ in self.decoder_linears]
-
-
-class _ModelStepEngine(Engine):
-    """The engine's encoder, the model's decoder step (its layers, its cache)."""
+class _StepEngine(Engine):
+    """Every search on the engine's one-token step, on the model's float layers."""
 
     def decode(self, tgt_ids, memory, src_mask, caches=None, offset=0):  # noqa: ANN001, ANN201
-        return self.model.decode(tgt_ids, memory, src_mask, caches, offset)
+        if caches is None:
+            return self.model.decode(tgt_ids, memory, src_mask)
+        return self.step(tgt_ids, memory, src_mask, caches, offset)
 
-    def new_caches(self) -> list:
-        return self.model.new_caches()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
+    def new_caches(self) -> list[StepKVCache]:
+        return [StepKVCache() for _ in self.decoder_linears]
 
 
-@contextmanager
-def _sdpa_everywhere() -> Iterator[None]:
-    saved = engine_module.SHORT_SOURCE
-    engine_module.SHORT_SOURCE = 0
-    try:
-        yield
-    finally:
-        engine_module.SHORT_SOURCE = saved
-
-
-def variants(model: nn.Module) -> dict[str, tuple[nn.Module, Callable]]:
-    """name -> (what search runs, the context to run it in)."""
+def variants(model: nn.Module) -> dict[str, nn.Module]:
+    """name -> what search runs."""
     no_continuous = Engine(model)
     no_continuous.continuous_batching = False
     return {
-        "engine": (Engine(model), _nothing),
-        "no packing": (Engine(model, pack=False), _nothing),
-        "SDPA for short sources": (Engine(model), _sdpa_everywhere),
-        "concatenating cache": (_CatCacheEngine(model), _nothing),
-        "model's decoder step": (_ModelStepEngine(model, pack=False), _nothing),
-        "no continuous batching": (no_continuous, _nothing),
-        "model": (model, _nothing),
+        "engine": Engine(model),
+        "no continuous batching": no_continuous,
+        "one-token step": _StepEngine(model),
     }
 
 
@@ -125,12 +81,10 @@ def main() -> None:
                 ]
         for r in range(args.repeats):
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                search, context = table[name]
-                translator = Translator(search, tokenizer, cfg)
-                with context():
-                    start = time.perf_counter()
-                    translator.translate_nbest(lines)
-                    seconds[name].append(time.perf_counter() - start)
+                translator = Translator(table[name], tokenizer, cfg)
+                start = time.perf_counter()
+                translator.translate_nbest(lines)
+                seconds[name].append(time.perf_counter() - start)
         print(f"\nbeam {beam}: {'variant':<24} {'sent/s':>8}  {'engine/variant':>20}  ids")
         for name in names:
             ratios = [v / e for v, e in zip(seconds[name], seconds["engine"], strict=True)]

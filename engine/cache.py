@@ -5,16 +5,17 @@ Legend: N rows, B sentences, R slots, H heads, Dh head dim, t positions so far, 
 Both satisfy `StepCache`: `append` the step's keys/values and get the history back,
 cross-attention keys/values (`cross_k`, `cross_v`, computed once per sentence), the source mask
 as a 0 / -inf score bias (`cross_bias`), and `self_bias`, which positions of the history each
-row may see (None: all of them). `BufferedKVCache` serves greedy and beam search (rows in
-step), `SlotCache` continuous batching (rows at different positions).
+row may see (None: all of them). `StepKVCache` serves greedy and beam search on int8 layers
+(rows in step), `SlotCache` continuous batching (rows at different positions).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-import torch
 from torch import Tensor
+
+from model.attention import KVCache
 
 
 class StepCache(Protocol):
@@ -28,97 +29,19 @@ class StepCache(Protocol):
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
 
 
-class BufferedKVCache:
-    """`model.KVCache` (same fields and moves) whose self-attention keys/values live in
-    preallocated buffers that each step writes in place.
+class StepKVCache(KVCache):
+    """The model's `KVCache` plus the source mask as a score bias (`cross_bias`, made on the
+    first step and moved with the sentences), for `decoder_step` on int8 layers."""
 
-    The keys/values of the t decoded positions of each of the N rows live in (N, H, capacity,
-    Dh) buffers, so a step never copies the past (`torch.cat` copies all t positions per
-    step); the capacity doubles when a step would overflow it. `self_k`/`self_v` are views of
-    the filled part (N, H, t, Dh). A reorder writes into a spare pair of buffers that the next
-    reorder writes back over. It also keeps the source mask as a score bias (`cross_bias`),
-    made on the first step and moved with the sentences.
-    """
-
-    def __init__(
-        self,
-        self_k: Tensor | None = None,  # (N, H, t, Dh) initial contents, copied
-        self_v: Tensor | None = None,
-        cross_k: Tensor | None = None,  # (B, H, S, Dh)
-        cross_v: Tensor | None = None,
-        capacity: int = 16,
-    ) -> None:
-        self.capacity = capacity  # positions a new buffer holds at first
-        self.length = 0  # t: positions filled
-        self._k: Tensor | None = None  # (N, H, capacity, Dh)
-        self._v: Tensor | None = None
-        self._spare: tuple[Tensor, Tensor] | None = None  # buffers the next reorder writes to
-        self.cross_k, self.cross_v = cross_k, cross_v
+    def __init__(self) -> None:
+        super().__init__()
         self.cross_bias: Tensor | None = None  # (B, H, 1, S) 0 / -inf: the source mask
         self.self_bias: Tensor | None = None  # always None: every row sees its whole past
-        if self_k is not None and self_v is not None:
-            self.append(self_k, self_v)
-
-    @property
-    def self_k(self) -> Tensor | None:
-        """(N, H, t, Dh) view of the cached self-attention keys, None before the first step."""
-        return None if self._k is None else self._k[:, :, : self.length]
-
-    @property
-    def self_v(self) -> Tensor | None:
-        return None if self._v is None else self._v[:, :, : self.length]
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write T new positions (N, H, T, Dh) after the t cached ones, in place.
-
-        Returns all keys and values so far, (N, H, t + T, Dh) views of the buffers.
-        """
-        end = self.length + k.size(2)
-        if self._k is None or self._v is None:
-            shape = (k.size(0), k.size(1), max(self.capacity, end), k.size(3))
-            self._k, self._v = k.new_empty(shape), v.new_empty(shape)
-        elif end > self._k.size(2):  # full: double (amortised O(1) copies per position)
-            capacity = max(2 * self._k.size(2), end)
-            self._k, self._v = self._resized(self._k, capacity), self._resized(self._v, capacity)
-            self._spare = None
-        self._k[:, :, self.length : end].copy_(k)
-        self._v[:, :, self.length : end].copy_(v)
-        self.length = end
-        return self._k[:, :, :end], self._v[:, :, :end]
-
-    def _resized(self, buf: Tensor, capacity: int) -> Tensor:
-        new = buf.new_empty(buf.size(0), buf.size(1), capacity, buf.size(3))
-        new[:, :, : self.length].copy_(buf[:, :, : self.length])
-        return new
-
-    def reorder_beams(self, rows: Tensor) -> None:
-        """Row i of the self-attention cache takes the history of row `rows[i]` (N',).
-
-        The sentences stay the same, so the cross-attention K/V do not move. One copy of the t
-        filled positions, into a spare buffer that the next reorder writes back over.
-        """
-        if self._k is None or self._v is None:
-            return
-        n, t = rows.numel(), self.length
-        shape = (n,) + self._k.shape[1:]
-        spare = self._spare
-        if spare is None or spare[0].shape != shape:  # the number of rows changed
-            spare = (self._k.new_empty(shape), self._v.new_empty(shape))
-        torch.index_select(self._k[:, :, :t], 0, rows, out=spare[0][:, :, :t])
-        torch.index_select(self._v[:, :, :t], 0, rows, out=spare[1][:, :, :t])
-        old = (self._k, self._v)
-        self._k, self._v = spare
-        self._spare = old if old[0].size(0) == n else None
 
     def reorder(self, rows: Tensor, sentences: Tensor | None = None) -> None:
-        """Keep rows `rows` (N',) of the self-attention cache and sentences `sentences` (B',)
-        of the cross-attention cache (default `rows`: one row per sentence)."""
-        self.reorder_beams(rows)
-        sentences = rows if sentences is None else sentences
-        if self.cross_k is not None and self.cross_v is not None:
-            self.cross_k = self.cross_k.index_select(0, sentences)
-            self.cross_v = self.cross_v.index_select(0, sentences)
+        super().reorder(rows, sentences)
         if self.cross_bias is not None:
+            sentences = rows if sentences is None else sentences
             self.cross_bias = self.cross_bias.index_select(0, sentences)
 
 

@@ -145,7 +145,7 @@ def continuous_greedy_search(
         self_bias.masked_fill_(hidden_pos, float("-inf"))
         self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
         step_cross = cross_bias[:n, :src_len].view(n, 1, 1, src_len).expand(n, H, 1, src_len)
-        step_cross = step_cross.contiguous()  # (n, H, 1, S), as `BufferedKVCache.cross_bias`
+        step_cross = step_cross.contiguous()  # (n, H, 1, S), as `StepKVCache.cross_bias`
         for cache in caches:
             cache.start_step(row_ids, pos, end, src_len, self_bias, step_cross)
         x = engine.embed_rows(last, pos, end)  # (n, D)

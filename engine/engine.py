@@ -1,25 +1,25 @@
-"""The inference engine: a trained `Transformer` that decodes faster on the CPU, same outputs.
+"""The inference engine: a trained `Transformer`, with the two speed paths that earn their
+place on real sentences beside the model's own code.
 
 Legend: B sentences, N = B * K decoder rows (K per sentence), S src len, T tgt len, D d_model,
 H heads, Dh head dim, V vocab.
 
 `Engine(model)` implements the protocol `decoding.search` runs (`encode`, `decode` one new token
-per row on its own caches, `new_caches`), so greedy, beam and ensemble search run it as they
-run the model. It reads the model's parameters (shared, not copied; int8 quantizes copies) and
-replaces the model's layer code at inference with:
-- oneDNN's pre-packed matmuls for every linear layer on the CPU, the ReLU fused into the first
-  feed-forward matmul (`engine.packed`);
-- a one-token decoder step (`decoder_step`): 2-D rows, the heads folded into the batch of
-  `bmm`, the source mask a score bias added inside the matmul (`baddbmm`), and the beams of a
-  sentence attending together to its one copy of the cross-attention keys/values;
-- self-attention keys/values in preallocated buffers written in place (`BufferedKVCache`);
-- plain matmuls instead of `F.scaled_dot_product_attention` for sources of up to 16 positions;
-- greedy search with continuous batching (`engine.continuous`);
-- with `quantize="int8"`, int8 linear layers (`engine.int8`).
-Each path's gain on test2016 is in docs/benchmarks.md ("The engine, path by path",
-`python -m benchmarks.engine_paths`). The contract with the model is tested: the engine's
-logits equal the model's up to float rounding, and its searches give the same ids
-(tests/test_engine.py).
+per row on its caches, `new_caches`), so greedy, beam and ensemble search run it as they run
+the model, and adds:
+- greedy search with continuous batching (`engine.continuous`, `greedy_search_continuous`): a
+  row freed by a finished sentence takes the next one at once. Its rows are at different
+  positions, which the model's layers cannot run, so it runs `decoder_step`: one token per
+  row, 2-D rows, the heads folded into the batch of `bmm`, each row's own past and source
+  masked by score biases added inside the matmul (`baddbmm`);
+- with `quantize="int8"`, int8 linear layers (`engine.int8`): the encoder and `decoder_step`
+  on copies of the model's linear layers, quantized.
+In float32 everything else is the model's: `encode` and `decode` are the model's, on its
+`KVCache`. The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short
+sources, preallocated cache buffers, the one-token step for beam search) gained less than 5%:
+docs/benchmarks.md, "The engine, path by path" (`python -m benchmarks.engine_paths`). The
+contract with the model is tested (tests/test_engine.py): the same logits up to float
+rounding, the same hypotheses.
 """
 
 from __future__ import annotations
@@ -33,15 +33,12 @@ from torch import Tensor, nn
 
 from decoding.config import SearchConfig
 from decoding.search import Hypothesis, SpecialTokens
-from engine.cache import BufferedKVCache, StepCache
+from engine.cache import StepCache, StepKVCache
 from engine.continuous import continuous_greedy_search
 from engine.int8 import quantize_linears
-from engine.packed import PackedLinear, packing_available
 from model.attention import masked_softmax, padding_mask
 from model.layers import rows_per_sentence
 from model.transformer import AttentionMaps, Transformer
-
-SHORT_SOURCE = 16  # up to this many positions, plain matmuls beat SDPA's blocked kernel
 
 
 class Rows(nn.Module):
@@ -53,28 +50,17 @@ class Rows(nn.Module):
         self.linear, self.start, self.end = linear, start, end
 
     def forward(self, x: Tensor) -> Tensor:
-        if isinstance(self.linear, PackedLinear):  # its packed copy of the slice
-            return self.linear(x, rows=(self.start, self.end))
         part = slice(self.start, self.end)
         return F.linear(x, self.linear.weight[part], self.linear.bias[part])
 
 
-def linear_relu(linear: nn.Module, x: Tensor) -> Tensor:
-    """relu(linear(x)), inside the matmul where the layer is packed."""
-    if isinstance(linear, PackedLinear):
-        return linear(x, relu=True)
-    return F.relu(linear(x))
-
-
 class Engine(nn.Module):
-    """A trained Transformer for fast search (see the module docstring).
+    """A trained Transformer for search, with continuous batching and int8 (module docstring).
 
     Args:
         model: the trained model, on the device the engine runs on. It is not changed; the
-            engine uses its parameters, so build a new engine after changing them in place
-            only where `quantize="int8"` (int8 copies them).
+            engine uses its parameters (int8 quantizes copies of them).
         quantize: "none" or "int8" (dynamic int8 linear layers, CPU only).
-        pack: use oneDNN's pre-packed matmuls; default: on the CPU where this torch has them.
 
     Decoding runs as in eval mode (no dropout), whatever the model's mode.
 
@@ -83,7 +69,7 @@ class Engine(nn.Module):
         >>> beam_search(engine, src_ids, tokenizer.special, SearchConfig(beam_size=5))
     """
 
-    def __init__(self, model: Transformer, quantize: str = "none", pack: bool | None = None):
+    def __init__(self, model: Transformer, quantize: str = "none") -> None:
         super().__init__()
         if quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
@@ -92,14 +78,13 @@ class Engine(nn.Module):
             raise ValueError(
                 f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
             )
-        if pack is None:
-            pack = quantize == "none" and device.type == "cpu" and packing_available()
         self.model = model
-        self.quantize = quantize
-        self.continuous_batching = quantize == "none"  # see `decoding.search.ContinuousGreedy`
+        self.int8 = quantize == "int8"
+        # int8 scales activations per batch: a row's output would depend on the rows beside it
+        self.continuous_batching = not self.int8  # see `decoding.search.ContinuousGreedy`
         self.n_heads, self.d_head = model.cfg.n_heads, model.cfg.d_head
         self.norm_first = model.cfg.norm_first
-        prepare = _copy if quantize == "int8" else (_packed if pack else _shared)
+        prepare = _copy if self.int8 else _shared
         self.encoder_linears = nn.ModuleList(
             _encoder_linears(layer, prepare) for layer in model.encoder.layers
         )
@@ -107,7 +92,7 @@ class Engine(nn.Module):
             _decoder_linears(layer, prepare) for layer in model.decoder.layers
         )
         self.generator = prepare(model.generator)
-        if quantize == "int8":
+        if self.int8:
             linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
             quantize_linears(linears)  # swaps the layers inside these containers
             self.generator = linears[2]
@@ -116,9 +101,11 @@ class Engine(nn.Module):
     # ----------------------------------------------------------------- the search protocol
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """(B, S) ids -> memory (B, S, D), as `Transformer.encode`."""
+        """(B, S) ids -> memory (B, S, D): the model's, on int8 layers with int8."""
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.model.cfg.pad_id)
+        if not self.int8:
+            return self.model.encode(src_ids, src_mask)
         x = self.model.embed_source(src_ids)  # (B, S, D)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
         for layer, linears in zip(self.model.encoder.layers, self.encoder_linears, strict=True):
@@ -130,22 +117,35 @@ class Engine(nn.Module):
         tgt_ids: Tensor,  # (N, T); with caches T = 1, the token at position `offset`
         memory: Tensor,  # (B, S, D)
         src_mask: Tensor,  # (B, S) bool
-        caches: list[BufferedKVCache] | None = None,
+        caches: list[StepKVCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
-        """Logits (N, T, V) for the next token, as `Transformer.decode`. With `caches` (from
-        `new_caches`), one new token per row, run by `decoder_step`; without, the model's
-        teacher-forced pass."""
-        if caches is None:
-            return self.model.decode(tgt_ids, memory, src_mask)
+        """Logits (N, T, V) for the next token: the model's `decode`, except on int8 caches
+        (from `new_caches`), where `decoder_step` runs one new token per row on the int8
+        layers."""
+        if not self.int8 or caches is None:
+            return self.model.decode(tgt_ids, memory, src_mask, caches, offset)
+        return self.step(tgt_ids, memory, src_mask, caches, offset)
+
+    def step(
+        self,
+        tgt_ids: Tensor,  # (N, 1): the token at position `offset`
+        memory: Tensor,  # (B, S, D)
+        src_mask: Tensor,  # (B, S) bool
+        caches: list[StepKVCache],
+        offset: int,
+    ) -> Tensor:
+        """`decode` of one new token per row by `decoder_step`: logits (N, 1, V)."""
         if tgt_ids.size(1) != 1:
-            raise ValueError("the engine decodes one new token per row on its caches (T = 1)")
+            raise ValueError("the engine's step decodes one new token per row (T = 1)")
         x = self.model.embed_target(tgt_ids, offset).squeeze(1)  # (N, D)
         return self.generator(self.decoder_step(x, memory, src_mask, caches)).unsqueeze(1)
 
-    def new_caches(self) -> list[BufferedKVCache]:
-        """Empty caches, one per decoder layer."""
-        return [BufferedKVCache() for _ in self.decoder_linears]
+    def new_caches(self) -> list:
+        """Empty caches, one per decoder layer: the model's, or `StepKVCache`s with int8."""
+        if not self.int8:
+            return self.model.new_caches()
+        return [StepKVCache() for _ in self.decoder_linears]
 
     def attention_maps(self, src_ids: Tensor, tgt_in: Tensor) -> AttentionMaps:
         """The model's attention weights (its explicit path), for heatmaps."""
@@ -181,7 +181,7 @@ class Engine(nn.Module):
             x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0]
         )
         h = norms[1](x) if self.norm_first else x
-        return self._residual(x, linears["ff2"](linear_relu(linears["ff1"], h)), norms[1])
+        return self._residual(x, linears["ff2"](F.relu(linears["ff1"](h))), norms[1])
 
     def _residual(self, x: Tensor, sublayer_output: Tensor, norm: nn.Module) -> Tensor:
         x = x + sublayer_output
@@ -220,7 +220,7 @@ class Engine(nn.Module):
             h = norms[1](x) if self.norm_first else x
             x = self._residual(x, self._cross_step(linears, h, memory, src_mask, cache), norms[1])
             h = norms[2](x) if self.norm_first else x
-            x = self._residual(x, linears["ff2"](linear_relu(linears["ff1"], h)), norms[2])
+            x = self._residual(x, linears["ff2"](F.relu(linears["ff1"](h))), norms[2])
         return self.model.decoder.final_norm(x)
 
     def _self_step(self, linears: nn.ModuleDict, h: Tensor, cache: StepCache) -> Tensor:
@@ -271,17 +271,8 @@ class Engine(nn.Module):
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """The encoder's self-attention kernel at inference: (B, H, S, Dh) -> (B, H, S, Dh).
-
-    Short sources: plain matmuls, which beat SDPA's blocked kernel on the CPU at a few queries
-    per (row, head). bf16/fp16 on the CPU: the model's explicit path (SDPA's CPU kernel is
-    slower in bf16). Otherwise SDPA.
-    """
-    scale = 1.0 / math.sqrt(q.size(-1))
-    if q.size(2) <= SHORT_SOURCE:
-        scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (B, H, S, S)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.matmul(torch.softmax(scores, dim=-1), v)
+    """The encoder's self-attention, as `MultiHeadAttention.attend` at inference: SDPA, or the
+    explicit path for bf16/fp16 on the CPU. (B, H, S, Dh) -> (B, H, S, Dh)."""
     if q.device.type == "cpu" and q.dtype != torch.float32:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, S, S)
         return masked_softmax(scores.float(), mask=mask).to(q.dtype) @ v
@@ -295,10 +286,6 @@ Prepare = Callable[[nn.Linear], nn.Module]
 
 def _shared(linear: nn.Linear) -> nn.Module:
     return linear
-
-
-def _packed(linear: nn.Linear) -> nn.Module:
-    return PackedLinear.from_linear(linear)
 
 
 def _copy(linear: nn.Linear) -> nn.Module:  # to be quantized: a copy, the model keeps its own

@@ -19,8 +19,7 @@ def load_engine(
     paths: Sequence[str | Path], device: str | torch.device = "cpu", quantize: str = "none"
 ) -> tuple[nn.Module, Tokenizer]:
     """Checkpoints or run dirs -> (an `Engine` on `device`, or an `Ensemble` of several; their
-    tokenizer). `quantize="int8"` gives each engine int8 linear layers (CPU only); otherwise,
-    on the CPU, every linear layer runs oneDNN's pre-packed matmul.
+    tokenizer). `quantize="int8"` gives each engine int8 linear layers (CPU only).
 
     Raises:
         CheckpointError: a checkpoint is unusable, or its tokenizer (SentencePiece models or

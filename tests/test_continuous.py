@@ -15,7 +15,7 @@ from data.batching import encode_source_batch
 from decoding.search import SearchConfig, greedy_search
 from engine import Engine
 from engine.continuous import continuous_greedy_search
-from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, single_thread
+from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_search import assert_same_results
 
 
@@ -34,7 +34,8 @@ def sources(n: int, seed: int, max_len: int = 20) -> list[list[int]]:
 
 def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConfig) -> list:
     """`greedy_search` on consecutive batches of `cfg.batch_size`: what continuous batching
-    replaces (on the same engine: the same kernels, so the same tokens)."""
+    replaces, on the same one-token step kernel (so the same tokens, also in bf16)."""
+    model = StepEngine(model.model)
     found = []
     for start in range(0, len(src), cfg.batch_size):
         ids = encode_source_batch(src[start : start + cfg.batch_size], SPECIAL)

@@ -1,7 +1,8 @@
-"""The contract between the model and the engine beside it: `Engine(model)` computes what the
-model computes (encoder output, every step's logits, up to float rounding) and its searches
-find the same hypotheses, for short and long sources (the engine's two encoder kernels),
-post- and pre-norm, packed or not; the model is left as it was.
+"""The contract between the model and the engine beside it: the engine's one-token step
+(`Engine.step`, what continuous batching and int8 run) computes the model's logits up to float
+rounding, its encoder (int8's code path, here on float layers) the model's memory, and its
+searches find the model's hypotheses, post- and pre-norm, for short and long sources; the model
+is left as it was.
 
 Legend: B batch, S src len, T tgt len, V vocab.
 """
@@ -14,58 +15,44 @@ import torch
 from decoding.config import SearchConfig
 from decoding.search import beam_search, greedy_search
 from engine import Engine
-from engine.engine import SHORT_SOURCE
-from engine.packed import packing_available
+from engine.cache import StepKVCache
 from model import padding_mask
-from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, random_sources
+from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, random_sources
 
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-PACK = pytest.mark.parametrize(
-    "pack",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.skipif(not packing_available(), reason="no oneDNN")),
-    ],
-    ids=["plain", "packed"],
-)
-# sources of up to SHORT_SOURCE positions take plain matmuls, longer ones SDPA
-LENGTHS = {"short": [5, 9, 3], "long": [SHORT_SOURCE + 4, 7, SHORT_SOURCE + 10]}
+LENGTHS = {"short": [5, 9, 3], "long": [20, 7, 26]}
 
 
 @NORMS
-@PACK
 @pytest.mark.parametrize("lengths", ["short", "long"])
-def test_engine_logits_equal_the_models(norm_first: bool, pack: bool, lengths: str, tiny_model):
+def test_engine_logits_equal_the_models(norm_first: bool, lengths: str, tiny_model) -> None:
     model = tiny_model(seed=0, dropout=0.0, norm_first=norm_first).eval()
-    engine = Engine(model, pack=pack)
+    engine = Engine(model)
     src = random_sources(LENGTHS[lengths], seed=2)  # (B, S)
     tgt = torch.randint(4, 40, (src.size(0), 7), generator=torch.Generator().manual_seed(3))
     src_mask = padding_mask(src, SPECIAL.pad)
     with torch.no_grad():
         memory = model.encode(src, src_mask)  # (B, S, D)
+        engine.int8 = True  # its encoder code, on the model's float layers
         torch.testing.assert_close(engine.encode(src, src_mask), memory, atol=1e-5, rtol=0.0)
         full = model.decode(tgt, memory, src_mask)  # (B, T, V) teacher-forced
-        torch.testing.assert_close(engine.decode(tgt, memory, src_mask), full, atol=0.0, rtol=0.0)
-        caches = engine.new_caches()
+        caches = [StepKVCache() for _ in model.decoder.layers]
         for i in range(tgt.size(1)):
-            step = engine.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            step = engine.step(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
             torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
         with pytest.raises(ValueError, match="one new token"):
-            engine.decode(tgt[:, :2], memory, src_mask, engine.new_caches())
+            engine.step(tgt[:, :2], memory, src_mask, caches, offset=0)
 
 
 @NORMS
-@PACK
 @pytest.mark.parametrize("beam", [1, 4])
-def test_engine_searches_find_the_models_hypotheses(
-    norm_first: bool, pack: bool, beam: int, tiny_model
-):
+def test_engine_step_searches_find_the_models_hypotheses(norm_first: bool, beam: int, tiny_model):
     model = tiny_model(seed=1, **{**SEARCH_MODEL, "norm_first": norm_first}).eval()
-    src = random_sources([6, SHORT_SOURCE + 3, 2, 11], seed=4)
+    src = random_sources([6, 19, 2, 11], seed=4)
     cfg = SearchConfig(beam_size=beam, nbest=beam, max_len_a=1.5, max_len_b=6)
     search = greedy_search if beam == 1 else beam_search
     want = search(model, src, SPECIAL, cfg).hypotheses
-    got = search(Engine(model, pack=pack), src, SPECIAL, cfg).hypotheses
+    got = search(StepEngine(model), src, SPECIAL, cfg).hypotheses
     assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in want]
     got_scores = torch.tensor([h.score for n in got for h in n])
     want_scores = torch.tensor([h.score for n in want for h in n])

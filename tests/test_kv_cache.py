@@ -1,6 +1,6 @@
-"""The engine's cache (`engine.cache.BufferedKVCache`: preallocated self-attention keys/values,
-written in place, grown, reordered through a spare buffer) and cross-attention keys/values
-shared by a sentence's beams, in the model and in the engine.
+"""The KV caches' row moves (the model's `KVCache`, and the engine's `StepKVCache`, which moves
+the source-mask bias too) and cross-attention keys/values shared by a sentence's beams, in the
+model and in the engine's one-token step.
 
 Legend: B sentences, K beams, N = B * K rows, S src len, T tgt len, H heads, Dh head dim.
 """
@@ -11,52 +11,14 @@ import pytest
 import torch
 
 from engine import Engine
-from engine.cache import BufferedKVCache as KVCache
-from model import padding_mask
+from engine.cache import StepKVCache
+from model import KVCache, padding_mask
 from tests.test_transformer import PAD, padded_source, random_ids
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
-
-
-def test_cache_grows_past_its_capacity_and_keeps_the_past() -> None:
-    cache = KVCache(capacity=2)
-    ks, vs = [], []
-    for _ in range(7):  # 2 -> 4 -> 8 positions
-        k, v = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
-        ks.append(k)
-        vs.append(v)
-        all_k, all_v = cache.append(k, v)
-        assert all_k.shape == (3, 2, len(ks), 4)
-    torch.testing.assert_close(cache.self_k, torch.cat(ks, dim=2), atol=0.0, rtol=0.0)
-    torch.testing.assert_close(cache.self_v, torch.cat(vs, dim=2), atol=0.0, rtol=0.0)
-    assert cache.length == 7 and cache._k is not None and cache._k.size(2) == 8
-
-
-def test_reorders_in_a_row_move_exactly_the_filled_positions() -> None:
-    """Reorders alternate between two buffers: each must see the previous one's result."""
-    cache = KVCache(capacity=3)
-    reference_k = torch.empty(4, 2, 0, 5)
-    reference_v = torch.empty(4, 2, 0, 5)
-    for _ in range(6):  # grows at step 3, reorders every step
-        k, v = torch.randn(4, 2, 1, 5), torch.randn(4, 2, 1, 5)
-        cache.append(k, v)
-        reference_k = torch.cat([reference_k, k], dim=2)
-        reference_v = torch.cat([reference_v, v], dim=2)
-        rows = torch.randint(0, 4, (4,))
-        cache.reorder_beams(rows)
-        reference_k, reference_v = reference_k[rows], reference_v[rows]
-        torch.testing.assert_close(cache.self_k, reference_k, atol=0.0, rtol=0.0)
-        torch.testing.assert_close(cache.self_v, reference_v, atol=0.0, rtol=0.0)
-    # fewer rows (a sentence pruned), then a wider set again: new buffers, same contents
-    for rows in (torch.tensor([3, 1]), torch.tensor([1, 1, 0, 0, 1, 0])):
-        cache.reorder_beams(rows)
-        reference_k = reference_k[rows]
-        torch.testing.assert_close(cache.self_k, reference_k, atol=0.0, rtol=0.0)
-        cache.append(torch.zeros(len(rows), 2, 1, 5), torch.zeros(len(rows), 2, 1, 5))
-        reference_k = torch.cat([reference_k, torch.zeros(len(rows), 2, 1, 5)], dim=2)
 
 
 def test_reorder_beams_moves_self_attention_only_and_reorder_moves_sentences() -> None:
@@ -72,7 +34,8 @@ def test_reorder_beams_moves_self_attention_only_and_reorder_moves_sentences() -
 
 def test_reorder_moves_the_source_mask_bias_with_the_sentences() -> None:
     tensors = [torch.randn(3, 2, 4, 5) for _ in range(4)]
-    cache = KVCache(*tensors)
+    cache = StepKVCache()
+    cache.self_k, cache.self_v, cache.cross_k, cache.cross_v = tensors
     tensors.append(torch.randn(3, 2, 1, 5))
     cache.cross_bias = tensors[-1]  # the source-mask bias that the engine's step keeps
     index = torch.tensor([1, 1, 0])
@@ -80,19 +43,19 @@ def test_reorder_moves_the_source_mask_bias_with_the_sentences() -> None:
     names = ("self_k", "self_v", "cross_k", "cross_v", "cross_bias")
     for name, before in zip(names, tensors, strict=True):
         torch.testing.assert_close(getattr(cache, name), before[index], atol=0.0, rtol=0.0)
-    empty = KVCache()
+    empty = StepKVCache()
     empty.reorder(index)  # nothing cached yet: a no-op, not an error
     assert empty.self_k is None
 
 
-@pytest.mark.parametrize("use_engine", [False, True], ids=["model", "engine"])
+@pytest.mark.parametrize("use_engine", [False, True], ids=["model", "engine-step"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_beams_sharing_cross_kv_equal_replicated_memory(
     norm_first: bool, use_engine: bool, tiny_model
 ) -> None:
     """K rows per sentence against its one memory row == the memory copied K times."""
     model = tiny_model(norm_first=norm_first).eval()
-    decoder = Engine(model) if use_engine else model
+    engine = Engine(model)
     src, K = padded_source(), 3
     src_mask = padding_mask(src, PAD)
     tgt = random_ids(3 * K, 6)  # (N, T): rows 3b .. 3b + 2 belong to sentence b
@@ -102,9 +65,10 @@ def test_beams_sharing_cross_kv_equal_replicated_memory(
         full = model.decode(tgt, copied, copied_mask)  # (N, T, V), one memory row per row
         shared_full = model.decode(tgt, memory, src_mask)  # teacher-forced, shared
         torch.testing.assert_close(shared_full, full, atol=1e-5, rtol=0.0)
-        caches = decoder.new_caches()
+        caches = [StepKVCache() for _ in model.decoder.layers] if use_engine else model.new_caches()
+        decode = engine.step if use_engine else model.decode
         for i in range(tgt.size(1)):
-            step = decoder.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            step = decode(tgt[:, i : i + 1], memory, src_mask, caches, i)
             torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
         assert caches[0].cross_k.size(0) == 3 and caches[0].self_k.size(0) == 3 * K
         with pytest.raises(ValueError, match="split evenly"):

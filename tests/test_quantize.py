@@ -95,19 +95,6 @@ def test_int8_split_projections_hold_the_slices_of_in_proj(tiny_model) -> None:
         torch.testing.assert_close(part.bias, cross.bias[start:end], atol=0.0, rtol=0.0)
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
-def test_split_projections_decode_step_by_step_as_the_full_pass(pack: bool, tiny_model) -> None:
-    # The engine's one-token step takes q and k|v from the two slices of cross-attention's
-    # fused projection, and q|k|v of self-attention from one: as the model's full pass does.
-    model = tiny_model(seed=0, dropout=0.0).eval()
-    src, tgt = sources_and_targets()
-    src_mask = padding_mask(src, SPECIAL.pad)
-    with torch.no_grad():
-        full = model.decode(tgt, model.encode(src, src_mask), src_mask)
-        got = stepwise_logits(Engine(model, pack=pack), src, tgt)
-    torch.testing.assert_close(got, full, atol=1e-5, rtol=0.0)
-
-
 def test_int8_is_refused_off_the_cpu_and_with_autocast() -> None:
     cli.check_quantize("none", "cuda", "bf16")
     cli.check_quantize("int8", "cpu", "fp32")

@@ -87,8 +87,8 @@ class Run(Learner):
 
     def translator(self, model: torch.nn.Module) -> Translator:
         """Validation's and the test's translator: the inference engine on the model's own
-        parameters (not packed: they change at every update), in the run's decoding config."""
-        engine = Engine(model, pack=False)
+        parameters, in the run's decoding config."""
+        engine = Engine(model)
         return Translator(engine, self.data.tokenizer, self.cfg.decoding, self.ctx.device)
 
     def validate(self) -> dict[str, float]:
