@@ -13,7 +13,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
   `torch.nn.Transformer` inside the same embeddings/positions/tied output
   (`benchmarks/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
-  through `export.convert.to_marian`, the model dimension permuted to fit its [sin | cos]
+  through `exporting.convert.to_marian`, the model dimension permuted to fit its [sin | cos]
   position table), so the three run the same numbers; Marian then computes exactly our
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
@@ -24,7 +24,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
   sentence. CTranslate2 (peer `ctranslate2`, float32 and int8, on our weights through
-  `export.convert.export_ct2`) has no forced EOS: it gets `min_decoding_length =
+  `exporting.convert.export_ct2`) has no forced EOS: it gets `min_decoding_length =
   max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each).
   Forced lengths give every system the same work, but they hide what a search earns on real
   input by dropping finished sentences from the batch: `--run` measures that.
@@ -87,8 +87,8 @@ from common.errors import UserError, exit_status
 from data.batching import Batch, collate
 from data.tokenizer import SpecialIds
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
-from export import convert as export
-from export.convert import to_marian
+from exporting import convert as export
+from exporting.convert import to_marian
 from model import ModelConfig, Transformer
 from model.kernels import label_smoothed_cross_entropy
 
@@ -170,7 +170,7 @@ def build_models(
     models: dict[str, nn.Module] = {OURS: ours}
     if MARIAN in peers:
         # Our weights under Marian's names, the model dimension permuted so that Marian's own
-        # [sin | cos] position table is ours (export/convert.py): the same function.
+        # [sin | cos] position table is ours (exporting/convert.py): the same function.
         models[MARIAN] = to_marian(ours, SPECIAL, max_positions, attn_implementation="sdpa")
     if TORCH in peers:
         peer = PeerModel(cfg)
@@ -527,7 +527,7 @@ def decode_marian(model: nn.Module, src: Tensor, beam: int, length: int) -> list
 
 
 class IdPieces:
-    """What `export.convert.export_ct2` needs of a tokenizer, for random weights without a
+    """What `exporting.convert.export_ct2` needs of a tokenizer, for random weights without a
     SentencePiece model: id i is the piece "t<i>" (the specials keep their usual names).
     CTranslate2 speaks in pieces; these map them one to one to our ids."""
 
@@ -555,7 +555,7 @@ class IdPieces:
 def ct2_decoders(
     model: Transformer, vocab: int, folder: Path, device: torch.device
 ) -> dict[str, Callable[[Tensor, int, int], list[list[int]]]]:
-    """CTranslate2 float32 and int8 on our weights (`export.convert.export_ct2`, which checks
+    """CTranslate2 float32 and int8 on our weights (`exporting.convert.export_ct2`, which checks
     the float32 folder against our log-probabilities), decoding a padded source batch to
     exactly L + 1 tokens: `min_decoding_length = max_decoding_length = L + 1` (it has no forced
     EOS), the same number of decoder steps as L tokens + EOS from the others."""

@@ -26,7 +26,7 @@ from benchmarks import peers
 from common.files import read_lines
 from decoding.config import SearchConfig
 from decoding.ensemble import load_ensemble
-from export import convert as export
+from exporting import convert as export
 
 
 def thread_ticks() -> dict[str, int]:

@@ -9,9 +9,9 @@ each sentence, without BOS/EOS, in input order:
   max_len_b)`), on a model loaded as `translate.py` loads it (`decoding.ensemble.load_ensemble`,
   also with `quantize="int8"`), with `inter_threads` batches at once as `--inter-threads`;
 * transformers (`transformers_system`): `MarianMTModel.generate` on our weights
-  (`export.convert.to_marian`, sdpa attention);
+  (`exporting.convert.to_marian`, sdpa attention);
 * CTranslate2 (`ct2_system`): a `ctranslate2.Translator` on a folder written by
-  `export.convert.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
+  `exporting.convert.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
   at a time or `inter_threads` at once (asynchronous `translate_batch` calls).
 
 The peers get the batches ours searches (`length_sorted_batches`: the same sentences together,
@@ -46,7 +46,7 @@ from common.errors import UserError
 from data.tokenizer import Tokenizer
 from decoding.config import SearchConfig
 from decoding.translator import Translator, length_sorted_batches
-from export import convert as export
+from exporting import convert as export
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them

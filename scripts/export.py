@@ -13,7 +13,7 @@ then loaded back and checked against the checkpoint: nothing half-written or wro
 An existing non-empty `-o` is replaced only with `--force`.
 
 Transformers cannot express a pre-norm model (MarianMTModel is post-norm only): it is
-refused; CTranslate2 takes it. The weight mapping lives in `export/convert.py`. Needs the
+refused; CTranslate2 takes it. The weight mapping lives in `exporting/convert.py`. Needs the
 optional packages: pip install -e '.[export]'. Every user mistake ends with one line,
 `export.py: error: ...`, and exit status 1 (2 for bad flags).
 """
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from export.convert import QUANTIZATIONS
+    from exporting.convert import QUANTIZATIONS
 
     parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{hf,ct2}")
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> str:
     """Export; returns the summary line."""
     from checkpoint import load_for_inference, resolve_checkpoint
-    from export import convert as export
+    from exporting import convert as export
 
     export.check_output(args.output, args.force)
     path = resolve_checkpoint(args.checkpoint)

@@ -9,7 +9,7 @@ Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to 
 and with ours (`translate.py --beam 1`), and prints, for each export, on how many sentences
 its output ids are identical to ours, with the seconds it took (and BLEU/chrF with `--ref`).
 Every system gets our per-sentence length budget, int(max_len_a * src_len + max_len_b) tokens
-(`export.convert.hf_search_ids` / `ct2_search_ids`), so a difference is a difference in the
+(`exporting.convert.hf_search_ids` / `ct2_search_ids`), so a difference is a difference in the
 model's numbers, not in the search. An export that cannot run here (a pre-norm model for
 Transformers, a package not installed) is reported as skipped.
 """
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> list[str]:
     from common.files import read_src_ref
     from decoding.config import SearchConfig
     from evaluation.bleu import corpus_bleu, corpus_chrf
-    from export import convert as export
+    from exporting import convert as export
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -237,7 +237,7 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     from benchmarks import peers
     from decoding.ensemble import load_ensemble
-    from export import convert as export
+    from exporting import convert as export
 
     run, src, _ = trained_run
     model, tokenizer = load_ensemble([run / "checkpoints" / "best.pt"])

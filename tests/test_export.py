@@ -1,4 +1,4 @@
-"""Export to Hugging Face Transformers and CTranslate2 (`scripts/export.py`, `export/convert.py`).
+"""Export to Hugging Face Transformers and CTranslate2 (`scripts/export.py`, `exporting/convert.py`).
 
 A tiny post-norm model is trained here for a few seconds on the 40 toy pairs, so that its
 greedy outputs are word sequences of varied length that end in EOS; it is exported through
@@ -26,7 +26,7 @@ from checkpoint import model_payload, save_checkpoint
 from data.batching import collate, encode_source_batch
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig
-from export import convert as ex
+from exporting import convert as ex
 from model import Transformer
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer

@@ -1,0 +1,1 @@
+"""Export a trained checkpoint to Transformers (MarianMTModel) and CTranslate2 (`convert`)."""
