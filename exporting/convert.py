@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from common.errors import UserError
-from data.batching import encode_source_batch
+from data.batching import encode_source_batch, pad_rows
 from data.tokenizer import SpecialIds, Tokenizer
 from decoding.config import SearchConfig
 from decoding.translator import Translator
@@ -342,7 +342,7 @@ def check_hf_folder(model: Transformer, tokenizer: Tokenizer, folder: Path) -> d
         )
     src = encode_source_batch(src_ids, special)  # (B, S)
     ours = our_search_ids(model, tokenizer, src_ids, SearchConfig(beam_size=1))
-    tgt_in = _pad_rows([[special.bos] + ids for ids in ours], special.pad)  # (B, T)
+    tgt_in = pad_rows(ours, special.pad, prefix=[special.bos])  # (B, T)
     expected = _fp32_model(model)(src, tgt_in)  # (B, T, V)
     got = marian(input_ids=src, attention_mask=src.ne(special.pad), decoder_input_ids=tgt_in)
     real = tgt_in.ne(special.pad)  # (B, T): positions that are not padding
@@ -585,7 +585,7 @@ def check_ct2_folder(
         [tokenizer.src_pieces(ids) for ids in src_ids], [tokenizer.tgt_pieces(ids) for ids in ours]
     )
     src = encode_source_batch(src_ids, special)  # (B, S)
-    tgt_in = _pad_rows([[special.bos] + ids for ids in ours], special.pad)  # (B, T)
+    tgt_in = pad_rows(ours, special.pad, prefix=[special.bos])  # (B, T)
     with torch.no_grad():
         expected = torch.log_softmax(_fp32_model(model)(src, tgt_in), dim=-1)  # (B, T, V)
     diff = 0.0
@@ -677,11 +677,6 @@ def _strip(row: list[int], special: SpecialIds) -> list[int]:
         if token != special.pad:
             out.append(token)
     return out
-
-
-def _pad_rows(rows: list[list[int]], pad: int) -> Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [pad] * (width - len(r)) for r in rows])
 
 
 # ----------------------------------------------------------------------------- file system

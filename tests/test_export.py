@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import model_payload, save_checkpoint
-from data.batching import collate, encode_source_batch
+from data.batching import collate, encode_source_batch, pad_rows
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig
 from exporting import convert as ex
@@ -201,7 +201,7 @@ torch.save({
 def hf_request(trained: Trained, tmp_path: Path) -> tuple[str, str]:
     """The loader's request file (sentences, our decoder inputs) and its result path."""
     special = trained.tokenizer.special
-    tgt_in = ex._pad_rows([[special.bos] + ids for ids in trained.ours()], special.pad)
+    tgt_in = pad_rows(trained.ours(), special.pad, prefix=[special.bos])  # (B, T)
     request = tmp_path / "request.json"
     request.write_text(
         json.dumps(
@@ -225,7 +225,7 @@ def check_hf_outputs(trained: Trained, result: dict) -> None:
     src_ids = tok.encode_src(SENTENCES)
     assert result["input_ids"] == [ids + [special.eos] for ids in src_ids]
     src = encode_source_batch(src_ids, special)  # (B, S)
-    tgt_in = ex._pad_rows([[special.bos] + ids for ids in ours], special.pad)  # (B, T)
+    tgt_in = pad_rows(ours, special.pad, prefix=[special.bos])  # (B, T)
     with torch.no_grad():
         expected = trained.model(src, tgt_in)  # (B, T, V)
     real = tgt_in.ne(special.pad)
