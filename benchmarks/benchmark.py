@@ -13,7 +13,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
   `torch.nn.Transformer` inside the same embeddings/positions/tied output
   (`benchmarks/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
-  through `exporting.convert.to_marian`, the model dimension permuted to fit its [sin | cos]
+  through `exporting.hf.to_marian`, the model dimension permuted to fit its [sin | cos]
   position table), so the three run the same numbers; Marian then computes exactly our
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
@@ -24,7 +24,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
   sentence. CTranslate2 (peer `ctranslate2`, float32 and int8, on our weights through
-  `exporting.convert.export_ct2`) has no forced EOS: it gets `min_decoding_length =
+  `exporting.ct2.export_ct2`) has no forced EOS: it gets `min_decoding_length =
   max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each).
   Forced lengths give every system the same work, but they hide what a search earns on real
   input by dropping finished sentences from the batch: `--run` measures that.
@@ -87,8 +87,9 @@ from common.errors import UserError, exit_status
 from data.batching import Batch, collate
 from data.tokenizer import SpecialIds
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
-from exporting import convert as export
-from exporting.convert import to_marian
+from exporting.ct2 import ct2_target_ids, ct2_translate, export_ct2
+from exporting.hf import check_marian, to_marian
+from exporting.shared import INSTALL_HINT, require
 from model import ModelConfig, Transformer
 from model.kernels import label_smoothed_cross_entropy
 
@@ -170,7 +171,7 @@ def build_models(
     models: dict[str, nn.Module] = {OURS: ours}
     if MARIAN in peers:
         # Our weights under Marian's names, the model dimension permuted so that Marian's own
-        # [sin | cos] position table is ours (exporting/convert.py): the same function.
+        # [sin | cos] position table is ours (exporting/hf.py): the same function.
         models[MARIAN] = to_marian(ours, SPECIAL, max_positions, attn_implementation="sdpa")
     if TORCH in peers:
         peer = PeerModel(cfg)
@@ -527,7 +528,7 @@ def decode_marian(model: nn.Module, src: Tensor, beam: int, length: int) -> list
 
 
 class IdPieces:
-    """What `exporting.convert.export_ct2` needs of a tokenizer, for random weights without a
+    """What `exporting.ct2.export_ct2` needs of a tokenizer, for random weights without a
     SentencePiece model: id i is the piece "t<i>" (the specials keep their usual names).
     CTranslate2 speaks in pieces; these map them one to one to our ids."""
 
@@ -555,16 +556,16 @@ class IdPieces:
 def ct2_decoders(
     model: Transformer, vocab: int, folder: Path, device: torch.device
 ) -> dict[str, Callable[[Tensor, int, int], list[list[int]]]]:
-    """CTranslate2 float32 and int8 on our weights (`exporting.convert.export_ct2`, which checks
+    """CTranslate2 float32 and int8 on our weights (`exporting.ct2.export_ct2`, which checks
     the float32 folder against our log-probabilities), decoding a padded source batch to
     exactly L + 1 tokens: `min_decoding_length = max_decoding_length = L + 1` (it has no forced
     EOS), the same number of decoder steps as L tokens + EOS from the others."""
     pieces = IdPieces(vocab)
-    target_ids = export.ct2_target_ids(pieces)
-    ctranslate2 = export.require("ctranslate2")
+    target_ids = ct2_target_ids(pieces)
+    ctranslate2 = require("ctranslate2")
     decoders = {}
     for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
-        export.export_ct2(model, pieces, folder / quantization, quantization)
+        export_ct2(model, pieces, folder / quantization, quantization)
         translator = ctranslate2.Translator(
             str(folder / quantization), device=device.type, inter_threads=1,
             intra_threads=torch.get_num_threads(),
@@ -577,7 +578,7 @@ def ct2_decoders(
                 [t for t in row if t not in (SPECIAL.pad, SPECIAL.eos)] for row in src.tolist()
             ]
             cfg = SearchConfig(beam_size=beam, length_penalty=1.0)
-            return export.ct2_translate(
+            return ct2_translate(
                 translator, pieces, src_ids, cfg, len(src_ids), length + 1, target_ids,
                 min_decoding_length=length + 1,
             )  # fmt: skip
@@ -719,8 +720,8 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     skipped = {}
     if MARIAN in args.peers:
         try:
-            export.require("transformers")  # what the worker would raise, checked here
-            export.check_marian(model.cfg)
+            require("transformers")  # what the worker would raise, checked here
+            check_marian(model.cfg)
             systems[MARIAN] = peers.Isolated(
                 peers.transformers_from_checkpoint, (str(path),), threads
             )
@@ -730,7 +731,7 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         if CT2 in args.peers:
             for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
                 folder = Path(tmp) / quantization
-                export.export_ct2(model, tokenizer, folder, quantization)
+                export_ct2(model, tokenizer, folder, quantization)
                 systems[name] = peers.Isolated(
                     peers.ct2_from_folder,
                     (str(folder), str(path), threads, args.inter_threads),
@@ -1000,7 +1001,7 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     if CT2 in args.peers and ctranslate2_version() is None:
         print(
             "NOTE: `ctranslate2` is not installed, so the CTranslate2 columns are skipped "
-            f"(install it with: {export.INSTALL_HINT})."
+            f"(install it with: {INSTALL_HINT})."
         )
         args.peers = [p for p in args.peers if p != CT2]
 

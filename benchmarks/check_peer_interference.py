@@ -26,7 +26,7 @@ from benchmarks import peers
 from common.files import read_lines
 from decoding.config import SearchConfig
 from decoding.ensemble import load_ensemble
-from exporting import convert as export
+from exporting.ct2 import export_ct2
 
 
 def thread_ticks() -> dict[str, int]:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SearchConfig(beam_size=1, batch_size=64)
     ours = peers.ours_system(model, tokenizer)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        export.export_ct2(model, tokenizer, Path(tmp), "float32")
+        export_ct2(model, tokenizer, Path(tmp), "float32")
         ct2 = peers.ct2_system(Path(tmp), tokenizer, args.threads)
         ours(src_ids[:64], cfg)  # warm-up
         first = [timed("ours", ours, src_ids, cfg) for _ in range(args.repeats)]

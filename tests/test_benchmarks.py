@@ -237,14 +237,15 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     from benchmarks import peers
     from decoding.ensemble import load_ensemble
-    from exporting import convert as export
+    from exporting.ct2 import export_ct2
+    from exporting.shared import budgets
 
     run, src, _ = trained_run
     model, tokenizer = load_ensemble([run / "checkpoints" / "best.pt"])
     src_ids = tokenizer.encode_src(src.read_text().splitlines())
     cfg = SearchConfig(beam_size=1, batch_size=8)
     with single_thread(), tempfile.TemporaryDirectory() as tmp:
-        export.export_ct2(model, tokenizer, Path(tmp), "float32")
+        export_ct2(model, tokenizer, Path(tmp), "float32")
         ct2 = peers.ct2_system(Path(tmp), tokenizer, threads=1)(src_ids, cfg)
         hf = peers.transformers_system(model, tokenizer)(src_ids, cfg)
         ours = peers.ours_system(model, tokenizer)(src_ids, cfg)
@@ -256,9 +257,9 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
             ct2_inter = peers.ct2_from_folder(tmp, str(run / "checkpoints" / "best.pt"), 2, 2)
         assert ct2_inter(src_ids, cfg) == ct2
     assert len(length_sorted_batches(src_ids, cfg.batch_size)) > 2
-    budgets = export.budgets(src_ids, tokenizer.special, cfg)
+    limits = budgets(src_ids, tokenizer.special, cfg)
     ended = [
-        i for i, (ids, budget) in enumerate(zip(ours, budgets, strict=True)) if len(ids) < budget
+        i for i, (ids, budget) in enumerate(zip(ours, limits, strict=True)) if len(ids) < budget
     ]
     assert len(ended) >= len(src_ids) // 2
     assert [ct2[i] for i in ended] == [ours[i] for i in ended]
