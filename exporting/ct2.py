@@ -41,10 +41,8 @@ from model import Transformer, sinusoid_table
 # differ from ours by more.
 LOGPROB_ATOL = 1e-3
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`).
-QUANTIZATIONS = (
-    "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
-    "float32",
-)  # fmt: skip
+_INT8_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16")
+QUANTIZATIONS = (*_INT8_TYPES, "int16", "float16", "bfloat16", "float32")
 
 
 def ct2_spec(model: Transformer, tokenizer: Tokenizer, max_positions: int = MAX_POSITIONS) -> Any:
