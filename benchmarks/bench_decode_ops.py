@@ -28,7 +28,7 @@ from model.packed import PackedLinear, packing_available
 def compare(name: str, ours, theirs, repeats: int) -> None:
     """Median microseconds per call of each (`benchmarks.peers.compare_ops`); the warm-up
     calls pack the weights."""
-    peers.compare_ops(name, ours, theirs, repeats, unit="us", warmup=3, width=42)
+    peers.compare_ops(name, ours, theirs, repeats, peers.OpTable(unit="us", warmup=3, width=42))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,9 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         f"d_ff {args.ff}, vocabulary {args.vocab}; oneDNN packing "
         f"{'available' if packing_available() else 'NOT available (ours = F.linear)'}"
     )
-    D, V = args.dim, args.vocab
-    shapes = [(D, 3 * D, "self q|k|v"), (D, D, "out / cross q"), (D, args.ff, "ff in"),
-              (args.ff, D, "ff out"), (D, V, "output projection")]  # fmt: skip
+    D, FF, V = args.dim, args.ff, args.vocab
+    shapes = [  # (d_in, d_out, name) of each linear layer of a decoding step
+        (D, 3 * D, "self q|k|v"),
+        (D, D, "out / cross q"),
+        (D, FF, "ff in"),
+        (FF, D, "ff out"),
+        (D, V, "output projection"),
+    ]
     linears = {(d_in, d_out): nn.Linear(d_in, d_out) for d_in, d_out, _ in shapes}
     with torch.inference_mode():
         for rows in args.rows:

@@ -1,6 +1,6 @@
 """Dropout and the training loss, forward + backward on the CPU, ours beside PyTorch's.
 
-Why `model/kernels.py` and `model/kernels.py` exist in their form: `F.dropout` draws one
+Why the two kernels of `model/kernels.py` exist in their form: `F.dropout` draws one
 Bernoulli sample per element, and autograd through log-softmax + gather + mean makes several
 passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
 forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import peers
-from model.kernels import dropout
-from model.kernels import label_smoothed_cross_entropy
+from model.kernels import dropout, label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -35,7 +34,7 @@ def autograd_loss(logits, target, eps):
 
 def compare(name: str, ours, theirs, repeats: int) -> None:
     """Median milliseconds of each, timed interleaved (`benchmarks.peers.compare_ops`)."""
-    peers.compare_ops(name, ours, theirs, repeats, unit="ms", warmup=1, width=34)
+    peers.compare_ops(name, ours, theirs, repeats, peers.OpTable(unit="ms", warmup=1, width=34))
 
 
 def main() -> None:

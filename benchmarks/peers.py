@@ -280,15 +280,24 @@ def interleaved(
 _UNITS = {"ms": (1e3, "7.2f"), "us": (1e6, "8.0f")}
 
 
-def compare_ops(
-    name: str, ours: Callable, theirs: Callable, repeats: int, unit: str = "ms",
-    warmup: int = 1, width: int = 34,
-) -> None:  # fmt: skip
+@dataclass(frozen=True)
+class OpTable:
+    """How `compare_ops` times and prints: the unit ("ms" or "us"), untimed calls of each
+    implementation first, and the width of the op name column."""
+
+    unit: str = "ms"
+    warmup: int = 1
+    width: int = 34
+
+
+def compare_ops(name: str, ours: Callable, theirs: Callable, repeats: int, table: OpTable) -> None:
     """Print the median time per call of two implementations of one op, timed interleaved
-    after `warmup` calls of each, and theirs / ours (the op benchmarks in `scripts/`)."""
-    for _ in range(warmup):
+    after `table.warmup` calls of each, and theirs / ours (`benchmarks/bench_train_ops.py`,
+    `benchmarks/bench_decode_ops.py`)."""
+    for _ in range(table.warmup):
         ours(), theirs()
     times = interleaved({"ours": ours, "torch": theirs}, repeats)
+    unit, width = table.unit, table.width
     scale, spec = _UNITS[unit]
     a, b = (statistics.median(times[key]) * scale for key in ("ours", "torch"))
     print(f"{name:{width}s} ours {a:{spec}} {unit}   torch {b:{spec}} {unit}   {b / a:5.2f}x")
