@@ -101,7 +101,7 @@ OURS, MARIAN, TORCH = "ours", "transformers", "nn.Transformer"
 CT2 = "ctranslate2"  # the --peers name; decodes at two weight types:
 CT2_FP32, CT2_INT8 = "CTranslate2 fp32", "CTranslate2 int8"
 VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
-GOALS = {"train": 1.2, "beam5": 2.0}  # ours / transformers on the same device (the issue's)
+GOALS = {"train": 1.2, "beam5": 2.0}  # targets for ours / transformers on the same device
 
 
 # ------------------------------------------------------------------------------- models
@@ -893,7 +893,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Defaults marked 'CPU/GPU' depend on --device. Ratios are ours/peer (> 1: ours "
-        "faster). Goals (the issue): training >= 1.2x and beam-5 decoding >= 2x transformers.",
+        "faster). Goals: training >= 1.2x and beam-5 decoding >= 2x transformers.",
     )
     add = p.add_argument
     add(
@@ -1046,7 +1046,7 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 
 
 def goals(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets against transformers on this device, per measurement."""
+    """The `GOALS` targets against transformers on this device, per measurement."""
     out: dict[str, Any] = {}
     for e in report["train"]:
         ratio = e.get("ratios", {}).get(f"ours/{MARIAN}")

@@ -142,7 +142,7 @@ class Isolated:
     CTranslate2 has made its own thread team, that runtime manages more threads than there are
     CPUs and throttles spin-waiting (libgomp's throttled spin count), so torch's worker threads
     sleep between parallel regions. `benchmarks/check_peer_interference.py` (2 threads, greedy,
-    512 test2016 sentences, 2026-11-23): ours 296-343 sent/s before a CTranslate2 call in the
+    512 test2016 sentences): ours 296-343 sent/s before a CTranslate2 call in the
     same process, 192-214 after it (0.56-0.72x), for as long as the process lives, with
     torch's second thread busy about half of each call instead of all of it;
     `OMP_WAIT_POLICY=PASSIVE` alone gives the same slowdown. Users run one system per
@@ -185,8 +185,8 @@ def ct2_from_folder(
 
     Runs no torch op (no model is built): in a process where torch has run a parallel op,
     CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-341 on
-    512 test2016 sentences (`import torch` alone: no change; 2026-11-23, this VM), the other
-    side of the shared OpenMP runtime described under `Isolated`."""
+    512 test2016 sentences (`import torch` alone: no change; the machine of the figure under
+    `Isolated`), the other side of the shared OpenMP runtime described under `Isolated`."""
     from checkpoint import load_checkpoint, stored_tokenizer
 
     tokenizer = stored_tokenizer(load_checkpoint(checkpoint), checkpoint)

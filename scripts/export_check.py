@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How often the exported models' greedy outputs equal ours, on a real test set.
 
-    python scripts/export_check.py -c RUN_DIR --src ../shared/data/multi30k/test2016.en
+    python scripts/export_check.py -c RUN_DIR --src test2016.en
     python scripts/export_check.py -c RUN_DIR --src test2016.en --ref test2016.de --limit 200
 
 Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to Transformers

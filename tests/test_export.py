@@ -339,8 +339,8 @@ def test_ct2_int8_runs_and_mostly_agrees_and_force_replaces(
     same = sum(a == b for a, b in zip(got, ours, strict=True))
     assert all(ids for ids in got), "CTranslate2 int8 gave an empty translation"
     # On every CPU: our fp32 model must find int8's outputs far likelier than broken ones (the
-    # reversed outputs of ours). Per-token log-probs on AMD EPYC Zen 3 (AVX2, no VNNI),
-    # 2026-11-23: ours -0.22, int8 -1.80, reversed -7.58, random tokens -9.52.
+    # reversed outputs of ours). Per-token log-probs on AMD EPYC Zen 3 (AVX2, no VNNI):
+    # ours -0.22, int8 -1.80, reversed -7.58, random tokens -9.52.
     src_ids = trained.tokenizer.encode_src(SENTENCES)
     int8 = mean_token_logprob(trained, src_ids, got)
     fp32 = mean_token_logprob(trained, src_ids, ours)
@@ -348,7 +348,7 @@ def test_ct2_int8_runs_and_mostly_agrees_and_force_replaces(
     assert int8 > (fp32 + broken) / 2, f"int8 {int8:.2f}, fp32 {fp32:.2f}, reversed {broken:.2f}"
     if not _has_vnni():
         # Without VNNI, CTranslate2's u8s8 GEMM agreed with ours on 2/52 of this toy model's
-        # outputs (AMD EPYC Zen 3, AVX2, 2026-11-23; >= 26/52 on Zen 4 with AVX512-VNNI):
+        # outputs (AMD EPYC Zen 3, AVX2; >= 26/52 on Zen 4 with AVX512-VNNI):
         # the agreement bar below only holds where the int8 kernels are VNNI's.
         return
     assert same >= len(SENTENCES) // 2, f"int8 agrees on {same}/{len(SENTENCES)}"
