@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """How the data path grows with the corpus: seconds per stage, peak memory, cache size.
 
-    python -m benchmarks.bench_data --corpus ../shared/data/tatoeba_en_de \\
-        --sizes 30000 300000 1000000 4500000 --work /tmp/bench_data
-    python -m benchmarks.bench_data --corpus ../shared/data/tatoeba_en_de --sizes 1000000 \\
-        --work /tmp/bench_data --train-start     # train.py start -> first update, +/- prepare
+    python -m benchmarks.bench_data --corpus CORPUS_DIR \\
+        --sizes 30000 300000 1000000 4500000 --work WORK_DIR
+    python -m benchmarks.bench_data --corpus CORPUS_DIR --sizes 1000000 \\
+        --work WORK_DIR --train-start     # train.py start -> first update, +/- prepare
 
 Corpora of each size are built from a real one (default: Tatoeba en-de, 166k pairs) by sampling
 pairs with replacement and joining half of them with another random pair, so SentencePiece and

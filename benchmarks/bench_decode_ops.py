@@ -1,11 +1,11 @@
 """A decoding step's heavy ops on the CPU, ours beside PyTorch's default, at search shapes.
 
-Why `engine/packed.py` and `decoding.search.topk` exist: `F.linear` hands float32 matmuls to
-MKL, which packs the weight again on every call, where oneDNN packs it once; and torch's CPU
-`topk` does not vectorise, where a chunked search over `amax` does. Also the normaliser of the
-next-token scores: one `log_softmax` pass against `logsumexp`. Rows are a step's decoder rows:
-64 sentences greedy (64) or beam 5 (320). Prints the median microseconds per call of each,
-interleaved (A B, B A, ...), and theirs / ours.
+Why `decoding.search.topk` exists: torch's CPU `topk` does not vectorise, where a chunked
+search over `amax` does. Also the normaliser of the next-token scores: one `log_softmax` pass
+against `logsumexp`. Rows are a step's decoder rows: 64 sentences greedy (64) or beam 5 (320).
+Prints the median microseconds per call of each, interleaved (A B, B A, ...), and
+theirs / ours. (oneDNN's pre-packed linear layers were measured here too, 1.23-1.77x alone on
+one CPU, but gained nothing on real sentences and were removed: docs/benchmarks.md.)
 
     python -m benchmarks.bench_decode_ops                       # d_model 256, ff 1024, vocab 8000
     python -m benchmarks.bench_decode_ops --rows 64 320 --threads 4
@@ -17,25 +17,19 @@ import argparse
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from benchmarks import peers
 from decoding.search import topk
-from engine.packed import PackedLinear, packing_available
 
 
 def compare(name: str, ours, theirs, repeats: int) -> None:
-    """Median microseconds per call of each (`benchmarks.peers.compare_ops`); the warm-up
-    calls pack the weights."""
-    peers.compare_ops(name, ours, theirs, repeats, unit="us", warmup=3, width=42)
+    """Median microseconds per call of each (`benchmarks.peers.compare_ops`)."""
+    peers.compare_ops(name, ours, theirs, repeats, peers.OpTable(unit="us", warmup=3, width=42))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 320])
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--ff", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--beam", type=int, default=5, help="top-k is 1 and 2 x beam")
     parser.add_argument("--threads", type=int, default=2)
@@ -43,28 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(
-        f"torch {torch.__version__}, {args.threads} threads, float32, d_model {args.dim}, "
-        f"d_ff {args.ff}, vocabulary {args.vocab}; oneDNN packing "
-        f"{'available' if packing_available() else 'NOT available (ours = F.linear)'}"
-    )
-    D, V = args.dim, args.vocab
-    shapes = [(D, 3 * D, "self q|k|v"), (D, D, "out / cross q"), (D, args.ff, "ff in"),
-              (args.ff, D, "ff out"), (D, V, "output projection")]  # fmt: skip
-    linears = {(d_in, d_out): nn.Linear(d_in, d_out) for d_in, d_out, _ in shapes}
+    print(f"torch {torch.__version__}, {args.threads} threads, float32, vocabulary {args.vocab}")
+    V = args.vocab
     with torch.inference_mode():
         for rows in args.rows:
             print(f"-- {rows} rows")
-            for d_in, d_out, what in shapes:
-                linear = linears[(d_in, d_out)]
-                packed = PackedLinear.from_linear(linear)
-                x = torch.randn(rows, d_in)
-                compare(
-                    f"linear {d_in}->{d_out} ({what})",
-                    lambda x=x, m=packed: m(x),
-                    lambda x=x, m=linear: F.linear(x, m.weight, m.bias),
-                    args.repeats,
-                )
             logits = torch.randn(rows, V)
             for k in sorted({1, 2 * args.beam}):
                 compare(

@@ -94,10 +94,8 @@ class PeerModel(nn.Module):
         causal = nn.Transformer.generate_square_subsequent_mask(T, device=tgt_in.device)  # (T, T)
         x = self.positional(self.embed(src_ids) * self.scale)  # (B, S, D)
         y = self.positional(self.embed(tgt_in) * self.scale)  # (B, T, D)
-        hidden = self.transformer(
-            x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
-            memory_key_padding_mask=src_pad, tgt_is_causal=True,
-        )  # fmt: skip
+        pads = {"src_key_padding_mask": src_pad, "memory_key_padding_mask": src_pad}
+        hidden = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True, **pads)  # (B, T, D)
         return self.generator(hidden)  # (B, T, V)
 
 
@@ -147,9 +145,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per model first")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    parser.add_argument("--preset-dropouts", action="store_true",
-                        help="keep the preset's attn/act dropout instead of matching "
-                        "nn.Transformer")  # fmt: skip
+    keep = "keep the preset's attn/act dropout instead of matching nn.Transformer"
+    parser.add_argument("--preset-dropouts", action="store_true", help=keep)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="profile one step of each model")
@@ -209,9 +206,11 @@ def main() -> None:
         median = statistics.median(times[name])
         n_params = sum(p.numel() for p in model.parameters())
         results[name] = {
-            "params": n_params, "times_s": times[name], "median_s": median,
+            "params": n_params,
+            "times_s": times[name],
+            "median_s": median,
             "tokens_per_s": tokens / median,
-        }  # fmt: skip
+        }
         print(
             f"{name:<16}{n_params:>12,}{median * 1e3:>12.1f}{min(times[name]) * 1e3:>10.1f}"
             f"{max(times[name]) * 1e3:>10.1f}{tokens / median:>12,.0f}"
@@ -220,12 +219,21 @@ def main() -> None:
 
     if args.json:
         report = {
-            "preset": args.preset, "preset_source": source, "config": dataclasses.asdict(cfg),
-            "batch": B, "len": L, "tokens_per_step": tokens, "device": str(device),
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "platform": platform.platform(), "warmup": args.warmup, "repeats": args.repeats,
-            "results": results, "ratio_ours_over_peer": ratio,
-        }  # fmt: skip
+            "preset": args.preset,
+            "preset_source": source,
+            "config": dataclasses.asdict(cfg),
+            "batch": B,
+            "len": L,
+            "tokens_per_step": tokens,
+            "device": str(device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "results": results,
+            "ratio_ours_over_peer": ratio,
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")

@@ -1,6 +1,6 @@
 """Dropout and the training loss, forward + backward on the CPU, ours beside PyTorch's.
 
-Why `model/kernels.py` and `model/kernels.py` exist in their form: `F.dropout` draws one
+Why the two kernels of `model/kernels.py` exist in their form: `F.dropout` draws one
 Bernoulli sample per element, and autograd through log-softmax + gather + mean makes several
 passes over the (tokens, vocabulary) float32 tensor. Prints the median milliseconds of
 forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
@@ -23,7 +23,7 @@ PAD = 0
 
 
 def autograd_loss(logits, target, eps):
-    """The formula with plain autograd (what model/kernels.py computed before 2026-11-23)."""
+    """The formula with plain autograd (what model/kernels.py computed before its hand-written backward)."""
     log_probs = F.log_softmax(logits.float(), dim=-1)
     nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     smooth = -log_probs.mean(dim=-1)
@@ -34,7 +34,7 @@ def autograd_loss(logits, target, eps):
 
 def compare(name: str, ours, theirs, repeats: int) -> None:
     """Median milliseconds of each, timed interleaved (`benchmarks.peers.compare_ops`)."""
-    peers.compare_ops(name, ours, theirs, repeats, unit="ms", warmup=1, width=34)
+    peers.compare_ops(name, ours, theirs, repeats, peers.OpTable(unit="ms", warmup=1, width=34))
 
 
 def main() -> None:

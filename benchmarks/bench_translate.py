@@ -67,9 +67,12 @@ def quality(
         seconds = time.perf_counter() - start
         bleu, chrf = corpus_bleu(hyps, refs), corpus_chrf(hyps, refs)
         out[search_name(beam)] = {
-            "bleu": bleu.score, "bleu_signature": bleu.signature, "chrf": chrf.score,
-            "chrf_signature": chrf.signature, "seconds": seconds,
-        }  # fmt: skip
+            "bleu": bleu.score,
+            "bleu_signature": bleu.signature,
+            "chrf": chrf.score,
+            "chrf_signature": chrf.signature,
+            "seconds": seconds,
+        }
     return out
 
 
@@ -107,10 +110,11 @@ def speed(
             for name in names:
                 median = statistics.median(times[name])
                 row[name] = {
-                    "times_s": times[name], "median_s": median,
+                    "times_s": times[name],
+                    "median_s": median,
                     "sentences_per_s": len(lines) / median,
                     "tokens_per_s": n_target_tokens(outputs[name]) / median,
-                }  # fmt: skip
+                }
             cached, uncached = outputs["cache"], outputs["no_cache"]
             row["different_outputs"] = sum(
                 a[0].tokens != b[0].tokens for a, b in zip(cached, uncached, strict=True)
@@ -119,10 +123,9 @@ def speed(
                 row["cache"]["sentences_per_s"] / row["no_cache"]["sentences_per_s"]
             )
             rows.append(row)
-            print(
-                f"  done: {row['search']:<7} batch {batch_size:>3}: cache/no cache "
-                f"{row['speedup_cache_over_no_cache']:.2f}x", flush=True,
-            )  # fmt: skip
+            speedup = row["speedup_cache_over_no_cache"]
+            done = f"{row['search']:<7} batch {batch_size:>3}: cache/no cache {speedup:.2f}x"
+            print(f"  done: {done}", flush=True)
     return rows
 
 
@@ -226,14 +229,19 @@ def run(args: argparse.Namespace) -> int:
     print_speed_table(rows)
     mismatches = sum(r["different_outputs"] for r in rows)
     report = {
-        "checkpoint": str(args.checkpoint), "input": args.input, "ref": args.ref,
-        "n_sentences": len(lines), "device": args.device, "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "platform": platform.platform(),
+        "checkpoint": str(args.checkpoint),
+        "input": args.input,
+        "ref": args.ref,
+        "n_sentences": len(lines),
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
         "model_config": dataclasses.asdict(cfg),
         "quality": scores,
         "speed": {"n_sentences": n_speed, "repeats": args.repeats, "rows": rows},
         "outputs_identical": mismatches == 0,
-    }  # fmt: skip
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

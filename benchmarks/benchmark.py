@@ -13,7 +13,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
   `torch.nn.Transformer` inside the same embeddings/positions/tied output
   (`benchmarks/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
-  through `export.convert.to_marian`, the model dimension permuted to fit its [sin | cos]
+  through `exporting.hf.to_marian`, the model dimension permuted to fit its [sin | cos]
   position table), so the three run the same numbers; Marian then computes exactly our
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
@@ -24,7 +24,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
   sentence. CTranslate2 (peer `ctranslate2`, float32 and int8, on our weights through
-  `export.convert.export_ct2`) has no forced EOS: it gets `min_decoding_length =
+  `exporting.ct2.export_ct2`) has no forced EOS: it gets `min_decoding_length =
   max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each).
   Forced lengths give every system the same work, but they hide what a search earns on real
   input by dropping finished sentences from the batch: `--run` measures that.
@@ -88,8 +88,9 @@ from common.runtime import autocast
 from data.batching import Batch, collate
 from data.tokenizer import SpecialIds
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
-from export import convert as export
-from export.convert import to_marian
+from exporting.ct2 import ct2_target_ids, ct2_translate, export_ct2
+from exporting.hf import check_marian, to_marian
+from exporting.shared import INSTALL_HINT, require
 from model import ModelConfig, Transformer
 from model.kernels import label_smoothed_cross_entropy
 
@@ -101,7 +102,7 @@ OURS, MARIAN, TORCH = "ours", "transformers", "nn.Transformer"
 CT2 = "ctranslate2"  # the --peers name; decodes at two weight types:
 CT2_FP32, CT2_INT8 = "CTranslate2 fp32", "CTranslate2 int8"
 VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
-GOALS = {"train": 1.2, "beam5": 2.0}  # ours / transformers on the same device (the issue's)
+GOALS = {"train": 1.2, "beam5": 2.0}  # targets for ours / transformers on the same device
 
 
 # ------------------------------------------------------------------------------- models
@@ -171,7 +172,7 @@ def build_models(
     models: dict[str, nn.Module] = {OURS: ours}
     if MARIAN in peers:
         # Our weights under Marian's names, the model dimension permuted so that Marian's own
-        # [sin | cos] position table is ours (export/convert.py): the same function.
+        # [sin | cos] position table is ours (exporting/hf.py): the same function.
         models[MARIAN] = to_marian(ours, SPECIAL, max_positions, attn_implementation="sdpa")
     if TORCH in peers:
         peer = PeerModel(cfg)
@@ -183,10 +184,12 @@ def build_models(
 def forward_fn(name: str, model: nn.Module) -> Callable[[Batch], Tensor]:
     """Teacher-forced logits (B, T, V) of a batch, whatever the model's calling convention."""
     if name == MARIAN:
-        return lambda b: model(
-            input_ids=b.src_ids, attention_mask=b.src_mask, decoder_input_ids=b.tgt_in,
-            use_cache=False,
-        ).logits  # fmt: skip
+
+        def marian_logits(b: Batch) -> Tensor:
+            src = {"input_ids": b.src_ids, "attention_mask": b.src_mask}
+            return model(**src, decoder_input_ids=b.tgt_in, use_cache=False).logits
+
+        return marian_logits
     return lambda b: model(b.src_ids, b.tgt_in)
 
 
@@ -331,6 +334,18 @@ class CpuPeakRss:
 
 
 @dataclasses.dataclass
+class Setup:
+    """What every synthetic measurement shares: the flags (after `resolve_defaults`), our
+    config, the device, and on a GPU the bf16 FLOP/s peaks that MFU divides by."""
+
+    args: argparse.Namespace
+    cfg: ModelConfig
+    device: torch.device
+    peak_flops: float | None = None  # measured here (`matmul_peak_flops`)
+    sheet_flops: float | None = None  # the datasheet's (`DATASHEET_BF16_FLOPS`)
+
+
+@dataclasses.dataclass
 class Trainee:
     """One model ready for training steps: its (maybe compiled) forward and its optimizer."""
 
@@ -373,10 +388,8 @@ def cuda_step_memory(trainee: Trainee, batch: Batch, device: torch.device, preci
     return {"peak_mem_mb": (peak - resting) / 2**20, "peak_mem_total_mb": peak / 2**20}
 
 
-def bench_train(
-    args: argparse.Namespace, cfg: ModelConfig, batch_tokens: int, variant: str,
-    device: torch.device, peak_flops: float | None, sheet_flops: float | None,
-) -> dict[str, Any]:  # fmt: skip
+def bench_train(setup: Setup, batch_tokens: int, variant: str) -> dict[str, Any]:
+    args, cfg, device = setup.args, setup.cfg, setup.device
     precision, compile_ = variant.split("+")[0], variant.endswith("+compile")
     if compile_:  # start from no compiled graphs: the previous variant's must not count
         torch._dynamo.reset()
@@ -404,13 +417,18 @@ def bench_train(
         r["peak_mem_mb"] = None
         if device.type == "cuda":
             r.update(cuda_step_memory(trainee, batch, device, precision))
-        r["mfu"] = flops / r["median_s"] / peak_flops if peak_flops else None
-        r["mfu_datasheet"] = flops / r["median_s"] / sheet_flops if sheet_flops else None
+        peak, sheet = setup.peak_flops, setup.sheet_flops
+        r["mfu"] = flops / r["median_s"] / peak if peak else None
+        r["mfu_datasheet"] = flops / r["median_s"] / sheet if sheet else None
     entry = {
-        "variant": variant, "batch_tokens": batch_tokens, "sentences": B,
-        "src_tokens": batch.n_src_tokens, "tgt_tokens": batch.n_tgt_tokens,
-        "flops_per_step": flops, "results": results,
-    }  # fmt: skip
+        "variant": variant,
+        "batch_tokens": batch_tokens,
+        "sentences": B,
+        "src_tokens": batch.n_src_tokens,
+        "tgt_tokens": batch.n_tgt_tokens,
+        "flops_per_step": flops,
+        "results": results,
+    }
     print_train_table(entry)
     return entry
 
@@ -438,9 +456,7 @@ def print_train_table(entry: dict[str, Any]) -> None:
     entry["ratios"], entry["ratio_ranges"] = print_ratios(entry["results"], "training tokens/s")
 
 
-def cpu_train_memory(
-    args: argparse.Namespace, cfg: ModelConfig, entries: list[dict], device: torch.device
-) -> None:
+def cpu_train_memory(setup: Setup, entries: list[dict]) -> None:
     """Peak RSS of one training step per model, after all timings (see `CpuPeakRss`)."""
     meter = CpuPeakRss()
     if not meter.available:
@@ -450,16 +466,14 @@ def cpu_train_memory(
     try:
         print("\n== peak memory of a training step above the resting state (CPU: RSS high-water)")
         for entry in entries:
-            cpu_entry_memory(args, cfg, entry, device, meter)
+            cpu_entry_memory(setup, entry, meter)
     finally:
         meter.restore()
 
 
-def cpu_entry_memory(
-    args: argparse.Namespace, cfg: ModelConfig, entry: dict, device: torch.device,
-    meter: CpuPeakRss,
-) -> None:  # fmt: skip
+def cpu_entry_memory(setup: Setup, entry: dict, meter: CpuPeakRss) -> None:
     """One entry's models rebuilt fresh (eager), one resting step, then one measured step."""
+    args, cfg, device = setup.args, setup.cfg, setup.device
     precision = entry["variant"].split("+")[0]  # eager: compiling again only for this
     batch = train_batch(entry["batch_tokens"], args.max_len, cfg.tgt_vocab_size, args.seed)
     batch = batch.to(device)
@@ -508,21 +522,35 @@ def decode_ours(model: Transformer, src: Tensor, beam: int, length: int) -> list
     return result.best_tokens()
 
 
+# What `decode_marian` passes to every `generate` call besides the batch, the beam and the
+# length: our special ids, pad and BOS never generated, EOS forced, one output per sentence.
+MARIAN_GENERATE = {
+    "do_sample": False,
+    "use_cache": True,
+    "length_penalty": 1.0,
+    "early_stopping": False,
+    "num_return_sequences": 1,
+    "suppress_tokens": [SPECIAL.pad, SPECIAL.bos],
+    "decoder_start_token_id": SPECIAL.bos,
+    "eos_token_id": SPECIAL.eos,
+    "forced_eos_token_id": SPECIAL.eos,
+    "pad_token_id": SPECIAL.pad,
+}
+
+
 def decode_marian(model: nn.Module, src: Tensor, beam: int, length: int) -> list[list[int]]:
+    src_mask = src.ne(SPECIAL.pad)  # (B, S)
+    lengths = {"min_new_tokens": length, "max_new_tokens": length + 1}
     out = model.generate(
-        input_ids=src, attention_mask=src.ne(SPECIAL.pad), num_beams=beam, do_sample=False,
-        max_new_tokens=length + 1, min_new_tokens=length, use_cache=True, length_penalty=1.0,
-        early_stopping=False, num_return_sequences=1, suppress_tokens=[SPECIAL.pad, SPECIAL.bos],
-        decoder_start_token_id=SPECIAL.bos, eos_token_id=SPECIAL.eos,
-        forced_eos_token_id=SPECIAL.eos, pad_token_id=SPECIAL.pad,
-    )  # fmt: skip  # (B, 1 + length + 1): start token, L tokens, EOS
+        input_ids=src, attention_mask=src_mask, num_beams=beam, **lengths, **MARIAN_GENERATE
+    )  # (B, 1 + length + 1): start token, L tokens, EOS
     if out.size(1) != length + 2 or not out[:, -1].eq(SPECIAL.eos).all():
         raise RuntimeError(f"generate returned {tuple(out.shape)}, not L+1={length + 1} tokens")
     return out[:, 1:-1].tolist()
 
 
 class IdPieces:
-    """What `export.convert.export_ct2` needs of a tokenizer, for random weights without a
+    """What `exporting.ct2.export_ct2` needs of a tokenizer, for random weights without a
     SentencePiece model: id i is the piece "t<i>" (the specials keep their usual names).
     CTranslate2 speaks in pieces; these map them one to one to our ids."""
 
@@ -550,66 +578,63 @@ class IdPieces:
 def ct2_decoders(
     model: Transformer, vocab: int, folder: Path, device: torch.device
 ) -> dict[str, Callable[[Tensor, int, int], list[list[int]]]]:
-    """CTranslate2 float32 and int8 on our weights (`export.convert.export_ct2`, which checks
+    """CTranslate2 float32 and int8 on our weights (`exporting.ct2.export_ct2`, which checks
     the float32 folder against our log-probabilities), decoding a padded source batch to
     exactly L + 1 tokens: `min_decoding_length = max_decoding_length = L + 1` (it has no forced
     EOS), the same number of decoder steps as L tokens + EOS from the others."""
     pieces = IdPieces(vocab)
-    target_ids = export.ct2_target_ids(pieces)
-    ctranslate2 = export.require("ctranslate2")
+    target_ids = ct2_target_ids(pieces)
+    ctranslate2 = require("ctranslate2")
+    threads = torch.get_num_threads()
     decoders = {}
     for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
-        export.export_ct2(model, pieces, folder / quantization, quantization)
+        path = folder / quantization
+        export_ct2(model, pieces, path, quantization)
         translator = ctranslate2.Translator(
-            str(folder / quantization), device=device.type, inter_threads=1,
-            intra_threads=torch.get_num_threads(),
-        )  # fmt: skip
+            str(path), device=device.type, inter_threads=1, intra_threads=threads
+        )
+        translate = functools.partial(ct2_translate, translator, pieces, target_ids=target_ids)
 
         def decode(
-            src: Tensor, beam: int, length: int, translator: Any = translator
+            src: Tensor, beam: int, length: int, translate: Callable = translate
         ) -> list[list[int]]:
             src_ids = [
                 [t for t in row if t not in (SPECIAL.pad, SPECIAL.eos)] for row in src.tolist()
             ]
             cfg = SearchConfig(beam_size=beam, length_penalty=1.0)
-            return export.ct2_translate(
-                translator, pieces, src_ids, cfg, len(src_ids), length + 1, target_ids,
-                min_decoding_length=length + 1,
-            )  # fmt: skip
+            steps = length + 1  # the minimum and the maximum: exactly L + 1 tokens
+            return translate(src_ids, cfg, len(src_ids), steps, min_decoding_length=steps)
 
         decoders[name] = decode
     return decoders
 
 
-def bench_decode(
-    args: argparse.Namespace, cfg: ModelConfig, precision: str, device: torch.device
-) -> list[dict[str, Any]]:
-    B, L = args.decode_batch, args.decode_len
+def bench_decode(setup: Setup, precision: str) -> list[dict[str, Any]]:
+    args, cfg, device = setup.args, setup.cfg, setup.device
+    B = args.decode_batch
     gen = torch.Generator().manual_seed(args.seed + 1)
     src_lines, _ = random_batch(B, args.max_len, cfg.src_vocab_size, gen)
     src = collate(src_lines, src_lines, SPECIAL).src_ids.to(device)  # (B, S): ids + eos, padded
-    models = build_models(cfg, [p for p in args.peers if p == MARIAN], device, args.max_positions,
-                          args.seed)  # fmt: skip
+    decoding_peers = [p for p in args.peers if p == MARIAN]  # nn.Transformer has no search
+    models = build_models(cfg, decoding_peers, device, args.max_positions, args.seed)
     for model in models.values():
         model.eval()
     base = {OURS: decode_ours, MARIAN: decode_marian}
     decoders = {name: functools.partial(base[name], model) for name, model in models.items()}
-    steps = dict.fromkeys(decoders, L)  # output tokens before EOS, checked below
     with contextlib.ExitStack() as stack:
         if CT2 in args.peers and precision == "fp32":
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             decoders.update(ct2_decoders(models[OURS], cfg.src_vocab_size, folder, device))
-            steps.update(dict.fromkeys((CT2_FP32, CT2_INT8), L + 1))
         entries = []
         for beam in args.beams:
-            entries.append(decode_one(args, decoders, steps, src, beam, precision, device))
+            entries.append(decode_one(setup, decoders, src, beam, precision))
     return entries
 
 
 def decode_one(
-    args: argparse.Namespace, decoders: dict[str, Callable], steps: dict[str, int], src: Tensor,
-    beam: int, precision: str, device: torch.device,
-) -> dict[str, Any]:  # fmt: skip
+    setup: Setup, decoders: dict[str, Callable], src: Tensor, beam: int, precision: str
+) -> dict[str, Any]:
+    args, device = setup.args, setup.device
     B, L = args.decode_batch, args.decode_len
     search = "greedy" if beam == 1 else f"beam{beam}"
     print(
@@ -627,8 +652,9 @@ def decode_one(
         for _ in range(args.warmup - 1):
             run(name)
     for name, hyps in outputs.items():
-        if any(len(h) != steps[name] for h in hyps):
-            raise RuntimeError(f"{name} {search}: not every output has {steps[name]} tokens")
+        steps = L + 1 if name in (CT2_FP32, CT2_INT8) else L  # tokens before EOS (CT2: none)
+        if any(len(h) != steps for h in hyps):
+            raise RuntimeError(f"{name} {search}: not every output has {steps} tokens")
     runs = {name: (lambda name=name: run(name)) for name in decoders}
     times = interleaved(runs, args.repeats, device)
     results = {}
@@ -647,9 +673,13 @@ def decode_one(
             f"{rate.format():>26}{r['tokens_per_s']:>11,.0f}"
         )
     entry = {
-        "variant": precision, "search": search, "beam": beam, "batch": B, "length": L,
+        "variant": precision,
+        "search": search,
+        "beam": beam,
+        "batch": B,
+        "length": L,
         "results": results,
-    }  # fmt: skip
+    }
     if MARIAN in outputs:
         same = sum(a == b for a, b in zip(outputs[OURS], outputs[MARIAN], strict=True))
         entry["same_outputs_as_transformers"] = same / B
@@ -714,8 +744,8 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     skipped = {}
     if MARIAN in args.peers:
         try:
-            export.require("transformers")  # what the worker would raise, checked here
-            export.check_marian(model.cfg)
+            require("transformers")  # what the worker would raise, checked here
+            check_marian(model.cfg)
             systems[MARIAN] = peers.Isolated(
                 peers.transformers_from_checkpoint, (str(path),), threads
             )
@@ -725,7 +755,7 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         if CT2 in args.peers:
             for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
                 folder = Path(tmp) / quantization
-                export.export_ct2(model, tokenizer, folder, quantization)
+                export_ct2(model, tokenizer, folder, quantization)
                 systems[name] = peers.Isolated(
                     peers.ct2_from_folder,
                     (str(folder), str(path), threads, args.inter_threads),
@@ -751,17 +781,26 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     print("\n" + "\n".join(table))
     report = {
         "meta": {
-            "checkpoint": str(path), "src": str(args.src), "ref": str(args.ref) if refs else None,
-            "sentences": len(src_ids), "beams": args.beams, "batch": args.decode_batch,
-            "threads": threads, "inter_threads": args.inter_threads,
-            "repeats": args.repeats, "torch": torch.__version__,
-            "transformers": transformers_version(), "ctranslate2": ctranslate2_version(),
+            "checkpoint": str(path),
+            "src": str(args.src),
+            "ref": str(args.ref) if refs else None,
+            "sentences": len(src_ids),
+            "beams": args.beams,
+            "batch": args.decode_batch,
+            "threads": threads,
+            "inter_threads": args.inter_threads,
+            "repeats": args.repeats,
+            "torch": torch.__version__,
+            "transformers": transformers_version(),
+            "ctranslate2": ctranslate2_version(),
             "device_name": platform.processor() or platform.machine(),
-            "platform": platform.platform(), "skipped": skipped,
+            "platform": platform.platform(),
+            "skipped": skipped,
         },
         "bleu_signature": corpus_bleu(["a"], ["a"]).signature if refs is not None else None,
-        "systems": results, "table": table,
-    }  # fmt: skip
+        "systems": results,
+        "table": table,
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
@@ -804,11 +843,12 @@ def matmul_peak_flops(device: torch.device, n: int = 8192, repeats: int = 10) ->
     return 2 * n**3 / statistics.median(times)
 
 
-def profile(args: argparse.Namespace, cfg: ModelConfig, device: torch.device) -> None:
+def profile(setup: Setup) -> None:
     """torch.profiler tables: one training step and one beam decode of each model."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    args, cfg, device = setup.args, setup.cfg, setup.device
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     batch = train_batch(args.batch_tokens[0], args.max_len, cfg.tgt_vocab_size, args.seed)
@@ -848,7 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Defaults marked 'CPU/GPU' depend on --device. Ratios are ours/peer (> 1: ours "
-        "faster). Goals (the issue): training >= 1.2x and beam-5 decoding >= 2x transformers.",
+        "faster). Goals: training >= 1.2x and beam-5 decoding >= 2x transformers.",
     )
     add = p.add_argument
     add(
@@ -995,13 +1035,13 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     if CT2 in args.peers and ctranslate2_version() is None:
         print(
             "NOTE: `ctranslate2` is not installed, so the CTranslate2 columns are skipped "
-            f"(install it with: {export.INSTALL_HINT})."
+            f"(install it with: {INSTALL_HINT})."
         )
         args.peers = [p for p in args.peers if p != CT2]
 
 
 def goals(report: dict[str, Any]) -> dict[str, Any]:
-    """The issue's targets against transformers on this device, per measurement."""
+    """The `GOALS` targets against transformers on this device, per measurement."""
     out: dict[str, Any] = {}
     for e in report["train"]:
         ratio = e.get("ratios", {}).get(f"ours/{MARIAN}")
@@ -1051,40 +1091,55 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         sheet_flops = DATASHEET_BF16_FLOPS.get(sheet_gpu)
         sheet = "unknown" if sheet_flops is None else f"{sheet_flops / 1e12:.0f} TFLOP/s"
         print(f"datasheet bf16 dense peak ({sheet_gpu}): {sheet}")
+    cpu_name = platform.processor() or platform.machine()
+    device_name = torch.cuda.get_device_name(device) if gpu else cpu_name
     report: dict[str, Any] = {
         "meta": {
-            "preset": args.preset, "preset_source": source, "config": dataclasses.asdict(cfg),
-            "device": str(device), "device_name": torch.cuda.get_device_name(device) if gpu
-            else platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers_version(),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "peers": args.peers, "variants": args.variants, "batch_tokens": args.batch_tokens,
-            "max_len": args.max_len, "decode_batch": args.decode_batch,
-            "decode_len": args.decode_len, "beams": args.beams, "warmup": args.warmup,
-            "repeats": args.repeats, "label_smoothing": LABEL_SMOOTHING,
+            "preset": args.preset,
+            "preset_source": source,
+            "config": dataclasses.asdict(cfg),
+            "device": str(device),
+            "device_name": device_name,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "transformers": transformers_version(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "peers": args.peers,
+            "variants": args.variants,
+            "batch_tokens": args.batch_tokens,
+            "max_len": args.max_len,
+            "decode_batch": args.decode_batch,
+            "decode_len": args.decode_len,
+            "beams": args.beams,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "label_smoothing": LABEL_SMOOTHING,
         },
-        "peak_bf16_flops": peak, "datasheet_gpu": sheet_gpu,
-        "datasheet_bf16_flops": sheet_flops, "train": [], "decode": [],
-    }  # fmt: skip
+        "peak_bf16_flops": peak,
+        "datasheet_gpu": sheet_gpu,
+        "datasheet_bf16_flops": sheet_flops,
+        "train": [],
+        "decode": [],
+    }
+    setup = Setup(args, cfg, device, peak, sheet_flops)
     if not args.no_train:
         for variant in args.variants:
             for batch_tokens in args.batch_tokens:
-                report["train"].append(
-                    bench_train(args, cfg, batch_tokens, variant, device, peak, sheet_flops)
-                )
+                report["train"].append(bench_train(setup, batch_tokens, variant))
     if not args.no_decode:
         for precision in dict.fromkeys(v.split("+")[0] for v in args.variants):
-            report["decode"] += bench_decode(args, cfg, precision, device)
+            report["decode"] += bench_decode(setup, precision)
     if report["train"] and not gpu:
-        cpu_train_memory(args, cfg, report["train"], device)
+        cpu_train_memory(setup, report["train"])
     if args.profile:
-        profile(args, cfg, device)
+        profile(setup)
     report["goals"] = goals(report)
     if report["goals"]:
         print(f"\n== goals vs transformers on {device} (ours/transformers)")
         for key, g in report["goals"].items():
-            print(f"  {key}: {g['ratio']:.2f}x (goal >= {g['goal']}x): "
-                  f"{'met' if g['met'] else 'NOT met'}")  # fmt: skip
+            met = "met" if g["met"] else "NOT met"
+            print(f"  {key}: {g['ratio']:.2f}x (goal >= {g['goal']}x): {met}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))

@@ -26,7 +26,7 @@ from benchmarks import peers
 from common.files import read_lines
 from decoding.config import SearchConfig
 from engine import load_engine
-from export import convert as export
+from exporting.ct2 import export_ct2
 
 
 def thread_ticks() -> dict[str, int]:
@@ -72,15 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SearchConfig(beam_size=1, batch_size=64)
     ours = peers.ours_system(model, tokenizer)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        export.export_ct2(model, tokenizer, Path(tmp), "float32")
+        export_ct2(model, tokenizer, Path(tmp), "float32")
         ct2 = peers.ct2_system(Path(tmp), tokenizer, args.threads)
         ours(src_ids[:64], cfg)  # warm-up
         first = [timed("ours", ours, src_ids, cfg) for _ in range(args.repeats)]
         for _ in range(args.repeats):
             timed("ctranslate2", ct2, src_ids, cfg)
         then = [timed("ours, after", ours, src_ids, cfg) for _ in range(args.repeats)]
-    print(f"ours after CTranslate2 ran in this process / before: {min(then) / max(first):.2f}-"
-          f"{max(then) / min(first):.2f}x")  # fmt: skip
+    low, high = min(then) / max(first), max(then) / min(first)
+    print(f"ours after CTranslate2 ran in this process / before: {low:.2f}-{high:.2f}x")
     return 0
 
 

@@ -9,9 +9,9 @@ each sentence, without BOS/EOS, in input order:
   max_len_b)`), on a model loaded as `translate.py` loads it (`engine.load_engine`,
   also with `quantize="int8"`), with `inter_threads` batches at once as `--inter-threads`;
 * transformers (`transformers_system`): `MarianMTModel.generate` on our weights
-  (`export.convert.to_marian`, sdpa attention);
+  (`exporting.hf.to_marian`, sdpa attention);
 * CTranslate2 (`ct2_system`): a `ctranslate2.Translator` on a folder written by
-  `export.convert.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
+  `exporting.ct2.export_ct2` (float32 or int8), searching with `ct2_options`, one batch
   at a time or `inter_threads` at once (asynchronous `translate_batch` calls).
 
 The peers get the batches ours searches (`length_sorted_batches`: the same sentences together,
@@ -46,7 +46,9 @@ from common.errors import UserError
 from data.tokenizer import Tokenizer
 from decoding.config import SearchConfig
 from decoding.translator import Translator, length_sorted_batches
-from export import convert as export
+from exporting.ct2 import ct2_batch_options, ct2_target_ids
+from exporting.hf import hf_generate, to_marian
+from exporting.shared import budgets, require
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
@@ -76,7 +78,7 @@ def batched(tokenizer: Tokenizer, search_batch: BatchSearch, pipelined: bool = F
     special = tokenizer.special
 
     def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
-        limits = export.budgets(src_ids, special, cfg)
+        limits = budgets(src_ids, special, cfg)
         results: list[list[int]] = [[] for _ in src_ids]
         chunks = length_sorted_batches(src_ids, cfg.batch_size)
         outs = [
@@ -94,11 +96,11 @@ def batched(tokenizer: Tokenizer, search_batch: BatchSearch, pipelined: bool = F
 def transformers_system(model: Any, tokenizer: Tokenizer) -> Search:
     """`MarianMTModel.generate` on our weights. Raises `ExportError` (a `UserError`) when
     transformers is missing or the model is pre-norm."""
-    marian = export.to_marian(model, tokenizer.special, attn_implementation="sdpa")
+    marian = to_marian(model, tokenizer.special, attn_implementation="sdpa")
     special = tokenizer.special
     return batched(
         tokenizer,
-        lambda batch, cfg, budget: export.hf_generate(marian, special, batch, cfg, budget),
+        lambda batch, cfg, budget: hf_generate(marian, special, batch, cfg, budget),
     )
 
 
@@ -110,16 +112,16 @@ def ct2_system(
     0: CTranslate2's default). Every batch is submitted with `asynchronous=True`, then the
     results are collected in order; with one worker CTranslate2 runs them one after the
     other."""
-    ctranslate2 = export.require("ctranslate2")
+    ctranslate2 = require("ctranslate2")
     intra = max(1, threads // inter_threads) if threads else 0
     options = {"intra_threads": intra} if intra else {}
     translator = ctranslate2.Translator(
         str(folder), device="cpu", inter_threads=inter_threads, **options
     )
-    target_ids = export.ct2_target_ids(tokenizer)
+    target_ids = ct2_target_ids(tokenizer)
 
     def submit(batch: list[list[int]], cfg: SearchConfig, budget: int) -> Callable:
-        options = export.ct2_batch_options(tokenizer, cfg, len(batch), budget, asynchronous=True)
+        options = ct2_batch_options(tokenizer, cfg, len(batch), budget, asynchronous=True)
         pending = translator.translate_batch([tokenizer.src_pieces(i) for i in batch], **options)
         return lambda: [[target_ids[p] for p in r.result().hypotheses[0]] for r in pending]
 
@@ -140,7 +142,7 @@ class Isolated:
     CTranslate2 has made its own thread team, that runtime manages more threads than there are
     CPUs and throttles spin-waiting (libgomp's throttled spin count), so torch's worker threads
     sleep between parallel regions. `benchmarks/check_peer_interference.py` (2 threads, greedy,
-    512 test2016 sentences, 2026-11-23): ours 296-343 sent/s before a CTranslate2 call in the
+    512 test2016 sentences): ours 296-343 sent/s before a CTranslate2 call in the
     same process, 192-214 after it (0.56-0.72x), for as long as the process lives, with
     torch's second thread busy about half of each call instead of all of it;
     `OMP_WAIT_POLICY=PASSIVE` alone gives the same slowdown. Users run one system per
@@ -183,8 +185,8 @@ def ct2_from_folder(
 
     Runs no torch op (no model is built): in a process where torch has run a parallel op,
     CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-341 on
-    512 test2016 sentences (`import torch` alone: no change; 2026-11-23, this VM), the other
-    side of the shared OpenMP runtime described under `Isolated`."""
+    512 test2016 sentences (`import torch` alone: no change; the machine of the figure under
+    `Isolated`), the other side of the shared OpenMP runtime described under `Isolated`."""
     from checkpoint import load_checkpoint, stored_tokenizer
 
     tokenizer = stored_tokenizer(load_checkpoint(checkpoint), checkpoint)
@@ -278,15 +280,24 @@ def interleaved(
 _UNITS = {"ms": (1e3, "7.2f"), "us": (1e6, "8.0f")}
 
 
-def compare_ops(
-    name: str, ours: Callable, theirs: Callable, repeats: int, unit: str = "ms",
-    warmup: int = 1, width: int = 34,
-) -> None:  # fmt: skip
+@dataclass(frozen=True)
+class OpTable:
+    """How `compare_ops` times and prints: the unit ("ms" or "us"), untimed calls of each
+    implementation first, and the width of the op name column."""
+
+    unit: str = "ms"
+    warmup: int = 1
+    width: int = 34
+
+
+def compare_ops(name: str, ours: Callable, theirs: Callable, repeats: int, table: OpTable) -> None:
     """Print the median time per call of two implementations of one op, timed interleaved
-    after `warmup` calls of each, and theirs / ours (the op benchmarks in `scripts/`)."""
-    for _ in range(warmup):
+    after `table.warmup` calls of each, and theirs / ours (`benchmarks/bench_train_ops.py`,
+    `benchmarks/bench_decode_ops.py`)."""
+    for _ in range(table.warmup):
         ours(), theirs()
     times = interleaved({"ours": ours, "torch": theirs}, repeats)
+    unit, width = table.unit, table.width
     scale, spec = _UNITS[unit]
     a, b = (statistics.median(times[key]) * scale for key in ("ours", "torch"))
     print(f"{name:{width}s} ours {a:{spec}} {unit}   torch {b:{spec}} {unit}   {b / a:5.2f}x")

@@ -3,7 +3,7 @@
 then send the next, with timestamps (seconds since translate.py was started).
 
     python -m benchmarks.stream_demo SENTENCES_FILE -c RUN_DIR [more translate.py flags]
-    python -m benchmarks.stream_demo ../shared/data/multi30k/test2016.en -c RUN_DIR --lines 5
+    python -m benchmarks.stream_demo test2016.en -c RUN_DIR --lines 5
 
 Every translate.py flag after the file is passed on (`-c` is required). Each "got" line
 arrives while translate.py's stdin is still open, before the next line is sent: the proof that

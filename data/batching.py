@@ -80,18 +80,24 @@ class Batch:
         return self.src_ids.size(0)
 
 
-def _pad_rows(rows: list[list[int]], prefix: list[int], suffix: list[int], pad: int) -> Tensor:
-    """``prefix + row + suffix`` for each row, right-padded into a (B, L) long tensor."""
+def pad_rows(
+    rows: Sequence[Sequence[int]],
+    pad: int,
+    prefix: Sequence[int] = (),
+    suffix: Sequence[int] = (),
+) -> Tensor:
+    """``prefix + row + suffix`` for each row, right-padded with ``pad``: a (B, L) long tensor,
+    L the longest row + ``len(prefix) + len(suffix)``."""
     width = max((len(row) for row in rows), default=0) + len(prefix) + len(suffix)
     out = np.full((len(rows), width), pad, dtype=np.int64)
     for i, row in enumerate(rows):
-        out[i, : len(prefix) + len(row) + len(suffix)] = prefix + list(row) + suffix
+        out[i, : len(prefix) + len(row) + len(suffix)] = [*prefix, *row, *suffix]
     return torch.from_numpy(out)
 
 
 def encode_source_batch(src_ids: list[list[int]], special: SpecialIds) -> Tensor:
     """Source ids (no specials) -> (B, S) tensor of ``ids + [eos]``, right-padded; inference."""
-    return _pad_rows(src_ids, [], [special.eos], special.pad)
+    return pad_rows(src_ids, special.pad, suffix=[special.eos])
 
 
 def collate(
@@ -108,8 +114,8 @@ def collate(
     """
     if len(src_ids) != len(tgt_ids):
         raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
-    tgt_in = _pad_rows(tgt_ids, [special.bos], [], special.pad)  # (B, T)
-    tgt_out = _pad_rows(tgt_ids, [], [special.eos], special.pad)  # (B, T), tgt_in shifted left
+    tgt_in = pad_rows(tgt_ids, special.pad, prefix=[special.bos])  # (B, T)
+    tgt_out = pad_rows(tgt_ids, special.pad, suffix=[special.eos])  # (B, T), tgt_in shifted left
     return Batch(
         src_ids=encode_source_batch(src_ids, special),  # (B, S)
         tgt_in=tgt_in,

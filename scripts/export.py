@@ -13,7 +13,7 @@ then loaded back and checked against the checkpoint: nothing half-written or wro
 An existing non-empty `-o` is replaced only with `--force`.
 
 Transformers cannot express a pre-norm model (MarianMTModel is post-norm only): it is
-refused; CTranslate2 takes it. The weight mapping lives in `export/convert.py`. Needs the
+refused; CTranslate2 takes it. The weight mappings live in `exporting/hf.py` and `exporting/ct2.py`. Needs the
 optional packages: pip install -e '.[export]'. Every user mistake ends with one line,
 `export.py: error: ...`, and exit status 1 (2 for bad flags).
 """
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from export.convert import QUANTIZATIONS
+    from exporting.ct2 import QUANTIZATIONS
 
     parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     kinds = parser.add_subparsers(dest="kind", required=True, metavar="{hf,ct2}")
@@ -63,25 +63,28 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> str:
     """Export; returns the summary line."""
     from checkpoint import load_for_inference, resolve_checkpoint
-    from export import convert as export
+    from exporting.ct2 import export_ct2
+    from exporting.folders import check_output, staged_dir
+    from exporting.hf import check_marian, export_hf
+    from exporting.shared import require
 
-    export.check_output(args.output, args.force)
+    check_output(args.output, args.force)
     path = resolve_checkpoint(args.checkpoint)
     model, tokenizer, ckpt = load_for_inference(path)
     quantization = getattr(args, "quantization", None)
     if args.kind == "hf":  # refuse before writing anything
-        export.check_marian(model.cfg)
-        export.require("transformers")
-        export.require("safetensors")
+        check_marian(model.cfg)
+        require("transformers")
+        require("safetensors")
     else:
-        export.require("ctranslate2")
+        require("ctranslate2")
     card = model_card(args.kind, ckpt, path, model.num_parameters(), quantization)
-    with export.staged_dir(args.output, args.force) as folder:
+    with staged_dir(args.output, args.force) as folder:
         if args.kind == "hf":
-            check = export.export_hf(model, tokenizer, folder)
+            check = export_hf(model, tokenizer, folder)
             result = f"logits max |diff| vs ours {check['logits_max_abs_diff']:.2g}"
         else:
-            check = export.export_ct2(model, tokenizer, folder, quantization)
+            check = export_ct2(model, tokenizer, folder, quantization)
             result = (
                 f"log-probs max |diff| vs ours {check['logprob_max_abs_diff']:.2g}, greedy "
                 f"outputs equal to ours {check['greedy_same']}/{check['probe_sentences']}"

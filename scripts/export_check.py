@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How often the exported models' greedy outputs equal ours, on a real test set.
 
-    python scripts/export_check.py -c RUN_DIR --src ../shared/data/multi30k/test2016.en
+    python scripts/export_check.py -c RUN_DIR --src test2016.en
     python scripts/export_check.py -c RUN_DIR --src test2016.en --ref test2016.de --limit 200
 
 Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to Transformers
@@ -9,7 +9,7 @@ Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to 
 and with ours (`translate.py --beam 1`), and prints, for each export, on how many sentences
 its output ids are identical to ours, with the seconds it took (and BLEU/chrF with `--ref`).
 Every system gets our per-sentence length budget, int(max_len_a * src_len + max_len_b) tokens
-(`export.convert.hf_search_ids` / `ct2_search_ids`), so a difference is a difference in the
+(`exporting.hf.hf_search_ids` / `exporting.ct2.ct2_search_ids`), so a difference is a difference in the
 model's numbers, not in the search. An export that cannot run here (a pre-norm model for
 Transformers, a package not installed) is reported as skipped.
 """
@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> list[str]:
     from common.files import read_src_ref
     from decoding.config import SearchConfig
     from evaluation.bleu import corpus_bleu, corpus_chrf
-    from export import convert as export
+    from exporting.ct2 import ct2_search_ids, export_ct2
+    from exporting.hf import export_hf, hf_search_ids
+    from exporting.shared import budgets, our_search_ids, require
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -75,9 +77,9 @@ def run(args: argparse.Namespace) -> list[str]:
         )
 
     start = time.perf_counter()
-    ours = export.our_search_ids(model, tokenizer, src_ids, cfg)
-    budgets = export.budgets(src_ids, tokenizer.special, cfg)
-    at_budget = sum(len(o) >= b > 0 for o, b in zip(ours, budgets, strict=True))
+    ours = our_search_ids(model, tokenizer, src_ids, cfg)
+    limits = budgets(src_ids, tokenizer.special, cfg)
+    at_budget = sum(len(o) >= b > 0 for o, b in zip(ours, limits, strict=True))
     report = [
         f"{path}: {n} sentences of {args.src}, greedy, budget int({cfg.max_len_a} * src_len + "
         f"{cfg.max_len_b}) tokens (ours reached it on {at_budget})",
@@ -93,10 +95,10 @@ def run(args: argparse.Namespace) -> list[str]:
     print("\n".join(report), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            export.export_hf(model, tokenizer, Path(tmp) / "hf")
-            marian = export.require("transformers").MarianMTModel.from_pretrained(f"{tmp}/hf")
+            export_hf(model, tokenizer, Path(tmp) / "hf")
+            marian = require("transformers").MarianMTModel.from_pretrained(f"{tmp}/hf")
             start = time.perf_counter()
-            ids = export.hf_search_ids(marian.eval(), tokenizer.special, src_ids, cfg)
+            ids = hf_search_ids(marian.eval(), tokenizer.special, src_ids, cfg)
             compare("transformers", ids, time.perf_counter() - start)
         except UserError as e:
             report.append(f"{'transformers':<24} skipped: {e}")
@@ -105,12 +107,12 @@ def run(args: argparse.Namespace) -> list[str]:
             name = f"ctranslate2 {quantization}"
             try:
                 folder = Path(tmp) / quantization
-                export.export_ct2(model, tokenizer, folder, quantization)
-                ctranslate2 = export.require("ctranslate2")
+                export_ct2(model, tokenizer, folder, quantization)
+                ctranslate2 = require("ctranslate2")
                 threads = {"intra_threads": args.threads} if args.threads else {}
                 translator = ctranslate2.Translator(str(folder), device="cpu", **threads)
                 start = time.perf_counter()
-                ids = export.ct2_search_ids(translator, tokenizer, src_ids, cfg, args.batch_size)
+                ids = ct2_search_ids(translator, tokenizer, src_ids, cfg, args.batch_size)
                 compare(name, ids, time.perf_counter() - start)
             except UserError as e:
                 report.append(f"{name:<24} skipped: {e}")

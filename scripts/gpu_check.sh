@@ -9,7 +9,7 @@
 #   1. train.py on the toy corpus (tests/fixtures/toy, de->en, debug=fast), one GPU, bf16 +
 #      torch.compile, 40 updates                          -> final step, test BLEU
 #   2. the same under torchrun on 2 GPUs (DDP), only with >= 2 GPUs, else "skipped (1 GPU)"
-#   3. benchmarks/benchmark.py on the GPU (fp32 / bf16 / bf16+compile, base preset) and its JSON
+#   3. python -m benchmarks.benchmark on the GPU (fp32 / bf16 / bf16+compile, base preset), JSON
 #                                                         -> ours' tokens/s and MFU, bf16+compile
 #   4. train.py experiment=multi30k_en_de_gpu on Multi30k from $DATA_DIR (default
 #      ../shared/data/multi30k); skipped with a message without the data or with --quick
@@ -138,7 +138,7 @@ if [[ $QUICK -eq 1 ]]; then
     BENCH+=(--batch-tokens 4096 --repeats 3 --no-decode)
 fi
 run_step "benchmark.py (bf16, compile, MFU)" "$WORK/benchmark.log" benchmark_key \
-    "$WORK/benchmark.json" -- "$PY" benchmarks/benchmark.py "${BENCH[@]}"
+    "$WORK/benchmark.json" -- "$PY" -m benchmarks.benchmark "${BENCH[@]}"
 
 # 4. The GPU Multi30k experiment (conf/experiment/multi30k_en_de_gpu.yaml).
 NAME="multi30k_en_de_gpu"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Prepare a corpus once, before training (what `fairseq-preprocess` / `onmt_build_vocab` do).
 
-    python scripts/prepare_data.py experiment=tatoeba_en_de data.dir=../shared/data/tatoeba_en_de
-    python train.py experiment=tatoeba_en_de data.dir=../shared/data/tatoeba_en_de
+    python scripts/prepare_data.py experiment=tatoeba_en_de data.dir=CORPUS_DIR
+    python train.py experiment=tatoeba_en_de data.dir=CORPUS_DIR
 
 Takes the same Hydra overrides as `train.py` and runs its data stages: load the corpus into
 Arrow, filter the training pairs, train SentencePiece (or find the model trained earlier with

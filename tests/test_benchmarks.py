@@ -45,11 +45,9 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-TINY_FLAGS = [
-    "--device", "cpu", "--preset", "tiny", "--vocab", "200", "--batch-tokens", "96",
-    "--max-len", "6",
-    "--decode-batch", "2", "--decode-len", "3", "--warmup", "1", "--repeats", "1",
-]  # fmt: skip
+MODEL_FLAGS = "--device cpu --preset tiny --vocab 200"
+RUN_FLAGS = "--batch-tokens 96 --max-len 6 --decode-batch 2 --decode-len 3 --warmup 1 --repeats 1"
+TINY_FLAGS = f"{MODEL_FLAGS} {RUN_FLAGS}".split()
 
 
 @pytest.fixture(autouse=True)
@@ -145,11 +143,9 @@ def test_bench_translate_main(
     src.write_text("".join(f"{s}\n" for s, _ in PAIRS[:6]), encoding="utf-8")
     ref.write_text("".join(f"{t}\n" for _, t in PAIRS[:6]), encoding="utf-8")
     path = tmp_path / "out.json"
-    status = bench_translate.main([
-        "-c", str(tmp_path / "run"), "--input", str(src), "--ref", str(ref),
-        "--limit-speed", "3", "--batch-sizes", "1,2", "--beams", "1,2", "--repeats", "1",
-        "--json", str(path),
-    ])  # fmt: skip
+    files = ["-c", str(tmp_path / "run"), "--input", str(src), "--ref", str(ref)]
+    small = "--limit-speed 3 --batch-sizes 1,2 --beams 1,2 --repeats 1".split()
+    status = bench_translate.main([*files, *small, "--json", str(path)])
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -182,10 +178,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
 
 def real_flags(trained_run: tuple[Path, Path, Path], *extra: str) -> list[str]:
     run, src, ref = trained_run
-    return [
-        "--run", str(run), "--src", str(src), "--ref", str(ref), "--threads", "1",
-        "--repeats", "2", "--decode-batch", "8", "--beams", "1,3", *extra,
-    ]  # fmt: skip
+    files = ["--run", str(run), "--src", str(src), "--ref", str(ref)]
+    return [*files, *"--threads 1 --repeats 2 --decode-batch 8 --beams 1,3".split(), *extra]
 
 
 def test_real_mode_table_with_peers_and_ratios(
@@ -221,8 +215,9 @@ def test_real_mode_table_with_peers_and_ratios(
     assert systems["attnmt"]["greedy"]["bleu"] > 10  # it learned the training pairs
     # One Markdown table: a row per system, sent/s, BLEU and ratio columns per search.
     head = next(line for line in out.splitlines() if line.startswith("| system"))
-    for column in ("greedy sent/s", "beam 3 sent/s", "greedy BLEU", "beam 3 BLEU",
-                   "attnmt / system, greedy", "attnmt / system, beam 3"):  # fmt: skip
+    columns = ["greedy sent/s", "beam 3 sent/s", "greedy BLEU", "beam 3 BLEU"]
+    columns += ["attnmt / system, greedy", "attnmt / system, beam 3"]
+    for column in columns:
         assert column in head
     rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
     assert [row.split(" | ")[0][2:] for row in rows] == names
@@ -237,14 +232,15 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     from benchmarks import peers
     from engine import load_engine
-    from export import convert as export
+    from exporting.ct2 import export_ct2
+    from exporting.shared import budgets
 
     run, src, _ = trained_run
     model, tokenizer = load_engine([run / "checkpoints" / "best.pt"])
     src_ids = tokenizer.encode_src(src.read_text().splitlines())
     cfg = SearchConfig(beam_size=1, batch_size=8)
     with single_thread(), tempfile.TemporaryDirectory() as tmp:
-        export.export_ct2(model, tokenizer, Path(tmp), "float32")
+        export_ct2(model, tokenizer, Path(tmp), "float32")
         ct2 = peers.ct2_system(Path(tmp), tokenizer, threads=1)(src_ids, cfg)
         hf = peers.transformers_system(model, tokenizer)(src_ids, cfg)
         ours = peers.ours_system(model, tokenizer)(src_ids, cfg)
@@ -256,9 +252,9 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
             ct2_inter = peers.ct2_from_folder(tmp, str(run / "checkpoints" / "best.pt"), 2, 2)
         assert ct2_inter(src_ids, cfg) == ct2
     assert len(length_sorted_batches(src_ids, cfg.batch_size)) > 2
-    budgets = export.budgets(src_ids, tokenizer.special, cfg)
+    limits = budgets(src_ids, tokenizer.special, cfg)
     ended = [
-        i for i, (ids, budget) in enumerate(zip(ours, budgets, strict=True)) if len(ids) < budget
+        i for i, (ids, budget) in enumerate(zip(ours, limits, strict=True)) if len(ids) < budget
     ]
     assert len(ended) >= len(src_ids) // 2
     assert [ct2[i] for i in ended] == [ours[i] for i in ended]
@@ -311,11 +307,10 @@ def test_export_check_speed_uses_the_shared_timing(
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     export_check = load_script("export_check")
     run, src, ref = trained_run
+    files = ["-c", str(run), "--src", str(src), "--ref", str(ref)]
+    small = "--speed 2 --beam 2 --threads 1 --batch-size 8".split()
     with single_thread():
-        status = export_check.main([
-            "-c", str(run), "--src", str(src), "--ref", str(ref), "--speed", "2", "--beam", "2",
-            "--threads", "1", "--batch-size", "8",
-        ])  # fmt: skip
+        status = export_check.main([*files, *small])
     out = capsys.readouterr().out
     assert status == 0, out
     speed = out[out.index("speed, beam 2") :].splitlines()
@@ -341,10 +336,8 @@ def compared_ops(out: str) -> list[str]:
 
 def test_bench_train_ops_prints_both_comparisons() -> None:
     """benchmarks/bench_train_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
-    out = run_script(
-        "bench_train_ops", "--batch", "2", "--len", "8", "--dim", "16", "--vocab", "50",
-        "--threads", "1", "--rounds", "1", "--repeats", "2",
-    )  # fmt: skip
+    small = "--batch 2 --len 8 --dim 16 --vocab 50 --threads 1 --rounds 1 --repeats 2".split()
+    out = run_script("bench_train_ops", *small)
     assert compared_ops(out) == ["dropout", "label-smoothed"], out
 
 
@@ -377,20 +370,17 @@ def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Pa
 
 def test_bench_decode_ops_prints_every_comparison() -> None:
     """benchmarks/bench_decode_ops.py runs as a command (tiny sizes) and prints a ratio per op."""
-    out = run_script(
-        "bench_decode_ops", "--rows", "3", "--dim", "32", "--ff", "64", "--vocab", "640",
-        "--beam", "2", "--threads", "1", "--repeats", "2",
-    )  # fmt: skip
-    assert compared_ops(out) == ["linear"] * 5 + ["top-1", "top-4", "log_softmax"], out
+    small = "--rows 3 --vocab 640 --beam 2 --threads 1 --repeats 2".split()
+    out = run_script("bench_decode_ops", *small)
+    assert compared_ops(out) == ["top-1", "top-4", "log_softmax"], out
 
 
 def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path, Path]) -> None:
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     run, src, _ = trained_run
-    out = run_script(
-        "check_peer_interference", "-c", str(run), "--src", str(src), "--limit", "8",
-        "--threads", "1", "--repeats", "1",
-    )  # fmt: skip
+    files = ["-c", str(run), "--src", str(src)]
+    small = "--limit 8 --threads 1 --repeats 1".split()
+    out = run_script("check_peer_interference", *files, *small)
     names = [line.split("  ")[0] for line in out.splitlines() if "sent/s" in line]
     assert names == ["ours", "ctranslate2", "ours, after"], out
     assert "/ before:" in out.splitlines()[-1]
@@ -398,10 +388,9 @@ def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path
 
 def test_bench_malloc_compares_both_settings(trained_run: tuple[Path, Path, Path]) -> None:
     run, src, _ = trained_run
-    out = run_script(
-        "bench_malloc", "-c", str(run), "--src", str(src), "--limit", "8", "--beams", "1",
-        "--threads", "1", "--repeats", "1",
-    )  # fmt: skip
+    files = ["-c", str(run), "--src", str(src)]
+    small = "--limit 8 --beams 1 --threads 1 --repeats 1".split()
+    out = run_script("bench_malloc", *files, *small)
     rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
     assert [row.split(" | ")[0][2:] for row in rows] == ["keep freed memory", "malloc defaults"]
     assert "8/8" in out  # the same ids either way

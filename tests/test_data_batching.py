@@ -15,6 +15,7 @@ from data.batching import (
     TokenBatchSampler,
     collate,
     encode_source_batch,
+    pad_rows,
     token_lengths,
 )
 from data.errors import DataError
@@ -75,6 +76,14 @@ def test_encode_source_batch_matches_collate() -> None:
     for special in (SPECIAL, ODD_SPECIAL):
         expected = collate(src, [[1], [1]], special).src_ids
         assert torch.equal(encode_source_batch(src, special), expected)
+
+
+def test_pad_rows_adds_prefix_and_suffix_then_pads() -> None:
+    rows = [[5, 6], [], [7, 8, 9]]
+    assert pad_rows(rows, 0).tolist() == [[5, 6, 0], [0, 0, 0], [7, 8, 9]]
+    got = pad_rows(rows, 0, prefix=[2], suffix=[3])  # (B, 1 + 3 + 1)
+    assert got.tolist() == [[2, 5, 6, 3, 0], [2, 3, 0, 0, 0], [2, 7, 8, 9, 3]]
+    assert got.dtype == torch.long and pad_rows([], 0, prefix=[2]).shape == (0, 1)
 
 
 def test_batch_to_device_keeps_everything() -> None:

@@ -1,4 +1,4 @@
-"""Export to Hugging Face Transformers and CTranslate2 (`scripts/export.py`, `export/convert.py`).
+"""Export to Hugging Face Transformers and CTranslate2 (`scripts/export.py`, `exporting/`).
 
 A tiny post-norm model is trained here for a few seconds on the 40 toy pairs, so that its
 greedy outputs are word sequences of varied length that end in EOS; it is exported through
@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import model_payload, save_checkpoint
-from data.batching import collate, encode_source_batch
+from data.batching import collate, encode_source_batch, pad_rows
 from data.tokenizer import Tokenizer
 from decoding import SearchConfig
-from export import convert as ex
+from exporting.ct2 import ct2_search_ids, export_ct2
+from exporting.hf import export_hf, strip_generated
+from exporting.shared import ExportError, budgets, our_search_ids
 from model import Transformer
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
@@ -60,7 +62,7 @@ class Trained:
         if key not in self._ours:
             src_ids = self.tokenizer.encode_src(SENTENCES)
             with single_thread():
-                self._ours[key] = ex.our_search_ids(self.model, self.tokenizer, src_ids, cfg)
+                self._ours[key] = our_search_ids(self.model, self.tokenizer, src_ids, cfg)
         return self._ours[key]
 
 
@@ -159,8 +161,8 @@ def test_budgets_equal_the_searchs_max_lengths() -> None:
     for a, b in ((1.2, 10), (0.1, 0), (1 / 3, 2), (0.7, 5), (0.0, 0)):
         cfg = SearchConfig(max_len_a=a, max_len_b=b)
         want = max_lengths(encode_source_batch(src_ids, special), special, a, b).tolist()
-        assert ex.budgets(src_ids, special, cfg) == want, (a, b)
-        assert ex.budgets([[], src_ids[0]], special, cfg) == [0, want[0]]
+        assert budgets(src_ids, special, cfg) == want, (a, b)
+        assert budgets([[], src_ids[0]], special, cfg) == [0, want[0]]
 
 
 def test_hf_export_writes_a_complete_folder(hf_folder: Path) -> None:
@@ -201,7 +203,7 @@ torch.save({
 def hf_request(trained: Trained, tmp_path: Path) -> tuple[str, str]:
     """The loader's request file (sentences, our decoder inputs) and its result path."""
     special = trained.tokenizer.special
-    tgt_in = ex._pad_rows([[special.bos] + ids for ids in trained.ours()], special.pad)
+    tgt_in = pad_rows(trained.ours(), special.pad, prefix=[special.bos])  # (B, T)
     request = tmp_path / "request.json"
     request.write_text(
         json.dumps(
@@ -225,7 +227,7 @@ def check_hf_outputs(trained: Trained, result: dict) -> None:
     src_ids = tok.encode_src(SENTENCES)
     assert result["input_ids"] == [ids + [special.eos] for ids in src_ids]
     src = encode_source_batch(src_ids, special)  # (B, S)
-    tgt_in = ex._pad_rows([[special.bos] + ids for ids in ours], special.pad)  # (B, T)
+    tgt_in = pad_rows(ours, special.pad, prefix=[special.bos])  # (B, T)
     with torch.no_grad():
         expected = trained.model(src, tgt_in)  # (B, T, V)
     real = tgt_in.ne(special.pad)
@@ -239,7 +241,7 @@ def check_hf_outputs(trained: Trained, result: dict) -> None:
 
 def generated(rows: list[list[int]], trained: Trained) -> list[list[int]]:
     """generate() rows -> ids without the start token, EOS and padding."""
-    return [ex._strip(row[1:], trained.tokenizer.special) for row in rows]
+    return [strip_generated(row[1:], trained.tokenizer.special) for row in rows]
 
 
 def test_hf_folder_gives_our_logits_and_greedy_ids(
@@ -287,7 +289,7 @@ def test_ct2_export_gives_our_greedy_ids(trained: Trained, tmp_path: Path) -> No
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     src_ids = tok.encode_src(SENTENCES)
     for cfg in (GREEDY, FIXED):  # our per-sentence budgets, and a fixed one
-        assert ex.ct2_search_ids(translator, tok, src_ids, cfg) == trained.ours(cfg)
+        assert ct2_search_ids(translator, tok, src_ids, cfg) == trained.ours(cfg)
     # The README's recipe: SentencePiece pieces in, pieces out.
     source = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
     target = spm.SentencePieceProcessor(model_file=str(out / "target.spm"))
@@ -330,15 +332,15 @@ def test_ct2_int8_runs_and_mostly_agrees_and_force_replaces(
     assert not (out / "old.txt").exists() and (out / "model.bin").exists()
     translator = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     with single_thread():
-        got = ex.ct2_search_ids(
+        got = ct2_search_ids(
             translator, trained.tokenizer, trained.tokenizer.encode_src(SENTENCES), GREEDY
         )
     ours = trained.ours()
     same = sum(a == b for a, b in zip(got, ours, strict=True))
     assert all(ids for ids in got), "CTranslate2 int8 gave an empty translation"
     # On every CPU: our fp32 model must find int8's outputs far likelier than broken ones (the
-    # reversed outputs of ours). Per-token log-probs on AMD EPYC Zen 3 (AVX2, no VNNI),
-    # 2026-11-23: ours -0.22, int8 -1.80, reversed -7.58, random tokens -9.52.
+    # reversed outputs of ours). Per-token log-probs on AMD EPYC Zen 3 (AVX2, no VNNI):
+    # ours -0.22, int8 -1.80, reversed -7.58, random tokens -9.52.
     src_ids = trained.tokenizer.encode_src(SENTENCES)
     int8 = mean_token_logprob(trained, src_ids, got)
     fp32 = mean_token_logprob(trained, src_ids, ours)
@@ -346,7 +348,7 @@ def test_ct2_int8_runs_and_mostly_agrees_and_force_replaces(
     assert int8 > (fp32 + broken) / 2, f"int8 {int8:.2f}, fp32 {fp32:.2f}, reversed {broken:.2f}"
     if not _has_vnni():
         # Without VNNI, CTranslate2's u8s8 GEMM agreed with ours on 2/52 of this toy model's
-        # outputs (AMD EPYC Zen 3, AVX2, 2026-11-23; >= 26/52 on Zen 4 with AVX512-VNNI):
+        # outputs (AMD EPYC Zen 3, AVX2; >= 26/52 on Zen 4 with AVX512-VNNI):
         # the agreement bar below only holds where the int8 kernels are VNNI's.
         return
     assert same >= len(SENTENCES) // 2, f"int8 agrees on {same}/{len(SENTENCES)}"
@@ -377,13 +379,13 @@ def test_ct2_takes_pre_norm_and_untied_models(trained: Trained, tmp_path: Path) 
     model = make_tiny_model(vocab_size=tok.src_vocab_size, seed=4, **SEARCH_MODEL)
     assert model.cfg.norm_first and not model.cfg.share_embeddings
     with single_thread():
-        check = ex.export_ct2(model, tok, tmp_path)
+        check = export_ct2(model, tok, tmp_path)
     assert check["logprob_max_abs_diff"] < 1e-4
     translator = ctranslate2.Translator(str(tmp_path), device="cpu", intra_threads=1)
     src_ids = tok.encode_src(SENTENCES[::4])
     with single_thread():
-        ours = ex.our_search_ids(model, tok, src_ids, GREEDY)
-        assert ex.ct2_search_ids(translator, tok, src_ids, GREEDY) == ours
+        ours = our_search_ids(model, tok, src_ids, GREEDY)
+        assert ct2_search_ids(translator, tok, src_ids, GREEDY) == ours
 
 
 @pytest.mark.parametrize(
@@ -404,7 +406,7 @@ def test_hf_sharing_variants_and_separate_tokenizers(
     out = tmp_path / "hf"
     out.mkdir()
     with single_thread():
-        check = ex.export_hf(model, tok, out)
+        check = export_hf(model, tok, out)
     assert check["logits_max_abs_diff"] < 1e-4
     hf_tokenizer = MarianTokenizer.from_pretrained(str(out))
     targets = [t for _, t in PAIRS]
@@ -491,9 +493,9 @@ def test_failed_check_leaves_nothing(
     needs("ctranslate2")
 
     def wrong(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        raise ex.ExportError("the model written to X does not reproduce ours")
+        raise ExportError("the model written to X does not reproduce ours")
 
-    monkeypatch.setattr(ex, "check_ct2_folder", wrong)
+    monkeypatch.setattr("exporting.ct2.check_ct2_folder", wrong)
     out = tmp_path / "ct2"
     assert load_export_script().main(["ct2", "-c", str(trained.run), "-o", str(out)]) == 1
     assert "does not reproduce ours" in one_line_error(capsys)

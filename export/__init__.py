@@ -1,1 +1,0 @@
-"""Export a trained checkpoint to Transformers (MarianMTModel) and CTranslate2 (`export.convert`)."""
