@@ -178,10 +178,18 @@ def main() -> int:
             row = {"size": size, **train_start(corpus, args.work, overrides)}
             print(json.dumps(row), flush=True)
             continue
-        cmd = [sys.executable, __file__, "--one", str(corpus), "--work", str(args.work)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_data",
+            "--one",
+            str(corpus),
+            "--work",
+            str(args.work),
+        ]
         cmd += [f"--experiment={args.experiment}", "--langs", *args.langs]
         cmd += [f"--override={o}" for o in args.override]
-        out = subprocess.run(cmd, capture_output=True, text=True)
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
         if out.returncode or not lines:
             print(out.stderr[-3000:], file=sys.stderr)

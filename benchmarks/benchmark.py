@@ -700,16 +700,15 @@ ATTNMT, ATTNMT_INT8 = "attnmt", "attnmt int8"
 def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     """A trained model on real sentences: ours, ours int8, transformers and CTranslate2
     fp32/int8 at every --beams, through `benchmarks.peers` (one table)."""
-    from checkpoint import resolve_checkpoint
+    from checkpoint import load_for_inference, resolve_checkpoint
     from common.files import read_src_ref
     from decoding.config import SearchConfig as Config
-    from engine import load_engine
     from evaluation.bleu import corpus_bleu
 
     if args.device != "cpu":
         raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")
     path = resolve_checkpoint(args.run)
-    model, tokenizer = load_engine([path])  # for the exports and checks; timed in workers
+    model, tokenizer, _ = load_for_inference(path)  # for the exports and checks; timed in workers
     lines, refs = read_src_ref(args.src, args.ref, args.limit)
     if not lines:
         raise UserError(f"--src {args.src} has no sentences")

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from benchmarks import peers
+from checkpoint import load_for_inference
 from common.files import read_lines
 from decoding.config import SearchConfig
-from engine import load_engine
+from engine import Engine
 from exporting.ct2 import export_ct2
 
 
@@ -66,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_engine([args.checkpoint])
+    model, tokenizer, _ = load_for_inference(args.checkpoint)  # exported as it is
     lines = read_lines(args.src, "--src")[: args.limit]
     src_ids = tokenizer.encode_src([line.strip() for line in lines])
     cfg = SearchConfig(beam_size=1, batch_size=64)
-    ours = peers.ours_system(model, tokenizer)
+    ours = peers.ours_system(Engine(model), tokenizer)  # as translate.py loads it
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         export_ct2(model, tokenizer, Path(tmp), "float32")
         ct2 = peers.ct2_system(Path(tmp), tokenizer, args.threads)

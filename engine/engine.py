@@ -79,6 +79,7 @@ class Engine(nn.Module):
                 f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
             )
         self.model = model
+        self.cfg = model.cfg  # the model's shape, as `Transformer.cfg`
         self.int8 = quantize == "int8"
         # int8 scales activations per batch: a row's output would depend on the rows beside it
         self.continuous_batching = not self.int8  # see `decoding.search.ContinuousGreedy`

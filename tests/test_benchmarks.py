@@ -231,22 +231,24 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     from benchmarks import peers
-    from engine import load_engine
+    from checkpoint import load_for_inference
+    from engine import Engine
     from exporting.ct2 import export_ct2
     from exporting.shared import budgets
 
     run, src, _ = trained_run
-    model, tokenizer = load_engine([run / "checkpoints" / "best.pt"])
+    model, tokenizer, _ = load_for_inference(run / "checkpoints" / "best.pt")
     src_ids = tokenizer.encode_src(src.read_text().splitlines())
     cfg = SearchConfig(beam_size=1, batch_size=8)
     with single_thread(), tempfile.TemporaryDirectory() as tmp:
         export_ct2(model, tokenizer, Path(tmp), "float32")
         ct2 = peers.ct2_system(Path(tmp), tokenizer, threads=1)(src_ids, cfg)
         hf = peers.transformers_system(model, tokenizer)(src_ids, cfg)
-        ours = peers.ours_system(model, tokenizer)(src_ids, cfg)
+        engine = Engine(model)  # what translate.py searches with
+        ours = peers.ours_system(engine, tokenizer)(src_ids, cfg)
         # two batches at once (benchmark.py --inter-threads 2, batch by batch, where one at a
         # time is continuous batching): the same ids, in input order
-        assert peers.ours_system(model, tokenizer, inter_threads=2)(src_ids, cfg) == ours
+        assert peers.ours_system(engine, tokenizer, inter_threads=2)(src_ids, cfg) == ours
         with pytest.MonkeyPatch.context() as patch:  # the CTranslate2 side builds no model
             patch.setattr("checkpoint.build_model", pytest.fail)
             ct2_inter = peers.ct2_from_folder(tmp, str(run / "checkpoints" / "best.pt"), 2, 2)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"common", "model", "data", "checkpoint", "engine", "decoding", "export", "evaluation"}
+OURS = {"common", "model", "data", "checkpoint", "engine", "decoding", "exporting", "evaluation"}
 OURS |= {"training", "benchmarks"}
 
 # package -> the packages of ours it may import (docs/architecture.md, "Packages")
@@ -22,7 +22,7 @@ ALLOWED = {
     "checkpoint": {"common", "model", "data"},
     "engine": {"common", "model", "data", "checkpoint", "decoding"},
     "decoding": {"common", "model", "data", "checkpoint", "engine", "evaluation"},
-    "export": {"common", "model", "data", "checkpoint", "decoding"},
+    "exporting": {"common", "model", "data", "checkpoint", "decoding"},
     "training": {"common", "model", "data", "checkpoint", "engine", "decoding", "evaluation"},
 }
 # engine implements decoding's search core; the rest of decoding loads models through engine
@@ -68,7 +68,7 @@ def test_engine_imports_only_the_search_core_of_decoding() -> None:
 
 def test_inference_never_imports_training_or_datasets() -> None:
     """What translate.py loads, loaded: neither `training` nor `datasets` (~1 s to import)."""
-    modules = "decoding.cli, decoding.translator, decoding.plot, engine, checkpoint, export"
+    modules = "decoding.cli, decoding.translator, decoding.plot, engine, checkpoint, exporting"
     code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
