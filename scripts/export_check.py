@@ -7,7 +7,8 @@
 Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to Transformers
 (MarianMTModel), CTranslate2 float32 and CTranslate2 int8, decodes `--src` greedily with each
 and with ours (`translate.py --beam 1`), and prints, for each export, on how many sentences
-its output ids are identical to ours, with the seconds it took (and BLEU/chrF with `--ref`).
+its output ids are identical to ours, with the seconds it took (and BLEU/chrF with `--ref`). Their speed, timed as the benchmarks time it:
+`python -m benchmarks.export_speed`.
 Every system gets our per-sentence length budget, int(max_len_a * src_len + max_len_b) tokens
 (`exporting.hf.hf_search_ids` / `exporting.ct2.ct2_search_ids`), so a difference is a difference in the
 model's numbers, not in the search. An export that cannot run here (a pre-norm model for
@@ -35,16 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=0, help="first N sentences only (0: all)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: library default)")
-    parser.add_argument(
-        "--speed",
-        type=int,
-        default=0,
-        metavar="R",
-        help="also time ours and the CTranslate2 exports R times each, interleaved, at --beam, "
-        "each system in one call over all sentences (sentences/s: median, min-max; "
-        "benchmarks/benchmark.py --run compares all systems)",
-    )
-    parser.add_argument("--beam", type=int, default=5, help="beam size of the --speed runs")
     return parser
 
 
@@ -117,40 +108,7 @@ def run(args: argparse.Namespace) -> list[str]:
             except UserError as e:
                 report.append(f"{name:<24} skipped: {e}")
                 print(report[-1], flush=True)
-        if args.speed:
-            report += speed(args, path, src_ids, Path(tmp), score)
     return report
-
-
-def speed(args, path: Path, src_ids, folders: Path, score) -> list[str]:
-    """Sentences/s of ours and of each CTranslate2 export at `--beam`, R interleaved repeats
-    (`benchmarks.peers`, the timing `benchmarks/benchmark.py --run` reports: each system in a
-    process of its own, the peers get ours' length-sorted batches of `--batch-size`, each
-    with the batch's largest budget). BLEU is that of the last repeat's output."""
-    import torch
-
-    from benchmarks import peers
-    from decoding.config import SearchConfig
-
-    cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
-    threads = args.threads or torch.get_num_threads()
-    systems = {"ours": peers.Isolated(peers.ours_from_checkpoint, (str(path), "none"), threads)}
-    for quantization in ("float32", "int8"):
-        systems[f"ctranslate2 {quantization}"] = peers.Isolated(
-            peers.ct2_from_folder, (str(folders / quantization), str(path), threads), threads
-        )
-    cells = peers.compare(systems, src_ids, [cfg], args.speed)
-    lines = [f"speed, beam {args.beam}, batch {args.batch_size}, {args.speed} interleaved repeats:"]
-    print(lines[0], flush=True)
-    for name in systems:
-        cell = cells[(name, args.beam)]
-        ratio = peers.ratio_spread(cells[("ours", args.beam)].times_s, cell.times_s)
-        lines.append(
-            f"{name:<24} {cell.rate().format()} sent/s  ours/it {ratio.format('.2f', 'x')}"
-            f"{score(cell.ids)}"
-        )
-        print(lines[-1], flush=True)
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

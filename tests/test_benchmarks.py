@@ -303,18 +303,12 @@ def test_synthetic_decoding_with_ctranslate2_forced_lengths() -> None:
     assert report["decode"][0]["same_outputs_as_ctranslate2_fp32"] == 1.0  # greedy, same weights
 
 
-def test_export_check_speed_uses_the_shared_timing(
-    trained_run: tuple[Path, Path, Path], capsys: pytest.CaptureFixture
-) -> None:
+def test_export_speed_uses_the_shared_timing(trained_run: tuple[Path, Path, Path]) -> None:
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
-    export_check = load_script("export_check")
     run, src, ref = trained_run
     files = ["-c", str(run), "--src", str(src), "--ref", str(ref)]
-    small = "--speed 2 --beam 2 --threads 1 --batch-size 8".split()
-    with single_thread():
-        status = export_check.main([*files, *small])
-    out = capsys.readouterr().out
-    assert status == 0, out
+    small = "--repeats 2 --beam 2 --threads 1 --batch-size 8".split()
+    out = run_script("export_speed", *files, *small)
     speed = out[out.index("speed, beam 2") :].splitlines()
     assert [line.split()[0] for line in speed[1:4]] == ["ours", "ctranslate2", "ctranslate2"]
     assert all("sent/s" in line and "ours/it" in line and "BLEU" in line for line in speed[1:4])
