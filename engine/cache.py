@@ -11,7 +11,7 @@ row may see (None: all of them). `StepKVCache` serves greedy and beam search on 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from torch import Tensor
 
@@ -45,6 +45,18 @@ class StepKVCache(KVCache):
             self.cross_bias = self.cross_bias.index_select(0, sentences)
 
 
+class SlotStep(NamedTuple):
+    """What one continuous-batching step reads, the same for every layer's `SlotCache`: rows
+    0..n-1 write `positions` (n,) and read T = `end` positions and S = `src_len` sources."""
+
+    rows: Tensor  # (n,) 0..n-1
+    positions: Tensor  # (n,)
+    end: int
+    src_len: int
+    self_bias: Tensor  # (n * H, 1, T) 0 / -inf: each row's own past
+    cross_bias: Tensor  # (n, H, 1, S) 0 / -inf: each row's own source
+
+
 class SlotCache:
     """One decoder layer's cache for rows at different positions (a `StepCache`).
 
@@ -75,19 +87,15 @@ class SlotCache:
         self._ck[row, :, :S].copy_(k)
         self._cv[row, :, :S].copy_(v)
 
-    def start_step(
-        self, rows: Tensor, positions: Tensor, end: int, src_len: int, self_bias: Tensor,
-        cross_bias: Tensor,
-    ) -> None:  # fmt: skip
-        """Rows `rows` = 0..n-1 write `positions` (n,) and read T = `end` positions and S =
-        `src_len` source positions; the biases are (n * H, 1, T) and (n, H, 1, S)."""
-        n = rows.numel()
+    def start_step(self, step: SlotStep) -> None:
+        """Set the views the step reads (see `SlotStep`); grow the history if it must."""
+        n, end, src_len = step.rows.numel(), step.end, step.src_len
         if self._k is not None and self._v is not None and end > self._k.size(2):
             capacity = max(2 * self._k.size(2), end)
             self._k, self._v = widened(self._k, 2, capacity), widened(self._v, 2, capacity)
-        self._n, self._end, self._rows, self._positions = n, end, rows, positions
+        self._n, self._end, self._rows, self._positions = n, end, step.rows, step.positions
         self.cross_k, self.cross_v = self._ck[:n, :, :src_len], self._cv[:n, :, :src_len]
-        self.self_bias, self.cross_bias = self_bias, cross_bias
+        self.self_bias, self.cross_bias = step.self_bias, step.cross_bias
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write each row's new K/V (n, H, 1, Dh) at its position; (n, H, T, Dh) views back."""
@@ -101,8 +109,8 @@ class SlotCache:
     def keep(self, rows: Tensor, end: int, src_len: int) -> None:
         """Rows `rows` (m,) move to 0..m-1 (their first `end` positions, `src_len` sources)."""
         m = rows.numel()
-        for buf, width in ((self._k, end), (self._v, end), (self._ck, src_len),
-                           (self._cv, src_len)):  # fmt: skip
+        widths = [(self._k, end), (self._v, end), (self._ck, src_len), (self._cv, src_len)]
+        for buf, width in widths:
             if buf is not None:
                 buf[:m, :, :width] = buf[:, :, :width].index_select(0, rows)
 

@@ -35,7 +35,7 @@ from decoding.search import (
     max_lengths,
     pick_tokens,
 )
-from engine.cache import SlotCache, widened
+from engine.cache import SlotCache, SlotStep, widened
 from model.attention import padding_mask
 
 if TYPE_CHECKING:
@@ -146,8 +146,9 @@ def continuous_greedy_search(
         self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
         step_cross = cross_bias[:n, :src_len].view(n, 1, 1, src_len).expand(n, H, 1, src_len)
         step_cross = step_cross.contiguous()  # (n, H, 1, S), as `StepKVCache.cross_bias`
+        step = SlotStep(row_ids, pos, end, src_len, self_bias, step_cross)
         for cache in caches:
-            cache.start_step(row_ids, pos, end, src_len, self_bias, step_cross)
+            cache.start_step(step)
         x = engine.embed_rows(last, pos, end)  # (n, D)
         hidden = engine.decoder_step(x, None, None, caches)  # (n, D)
         # rows at their budget, if any (known on the host): no device-side test otherwise
