@@ -74,18 +74,15 @@ def main() -> None:
         seconds: dict[str, list[float]] = {n: [] for n in names}
         ids: dict[str, list] = {}
         for name in names:  # warm-up, and the ids
-            search, context = table[name]
-            with context():
-                ids[name] = [
-                    n[0].tokens for n in Translator(search, tokenizer, cfg).translate_nbest(lines)
-                ]
+            nbest = Translator(table[name], tokenizer, cfg).translate_nbest(lines)
+            ids[name] = [n[0].tokens for n in nbest]
         for r in range(args.repeats):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 translator = Translator(table[name], tokenizer, cfg)
                 start = time.perf_counter()
                 translator.translate_nbest(lines)
                 seconds[name].append(time.perf_counter() - start)
-        print(f"\nbeam {beam}: {'variant':<24} {'sent/s':>8}  {'engine/variant':>20}  ids")
+        print(f"\nbeam {beam}: {'variant':<24} {'sent/s':>8}  {'variant/engine time':>20}  ids")
         for name in names:
             ratios = [v / e for v, e in zip(seconds[name], seconds["engine"], strict=True)]
             rate = len(lines) / statistics.median(seconds[name])

@@ -401,3 +401,21 @@ def test_bench_malloc_names_a_missing_checkpoint(tmp_path: Path) -> None:
         f"bench_malloc.py: error: checkpoint not found: {tmp_path / 'no.pt'}; pass a run dir or "
         "a .pt file with -c"
     ]
+
+
+def test_engine_paths_times_every_variant_with_the_same_ids(
+    trained_run: tuple[Path, Path, Path],
+) -> None:
+    run, src, _ = trained_run
+    files = ["-c", str(run), "--src", str(src)]
+    out = run_script("engine_paths", *files, "--repeats", "1", "--threads", "1", "--beams", "1,2")
+    lines = [line for line in out.splitlines() if line.endswith(("same", "differ"))]
+    rows = [line.split("  ")[0] for line in lines]
+    assert rows == [
+        "beam 1: engine",
+        "beam 1: no continuous batching",
+        "beam 1: one-token step",
+        "beam 2: engine",
+        "beam 2: one-token step",
+    ], out
+    assert all(line.endswith("same") for line in lines), out  # the paths change no ids
