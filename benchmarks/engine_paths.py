@@ -9,6 +9,7 @@ Variants (each a full `Translator` search of `--src`, greedy and beam 5):
 - no continuous batching: greedy search batch by batch (greedy only);
 - one-token step: every search on `Engine.step` (the step kernel that continuous batching and
   int8 run) instead of the model's `DecoderLayer.forward`.
+The process keeps freed memory for reuse, as `translate.py` does on the CPU (`common.memory`).
 Each repeat runs every variant once, in a rotating order; the table gives the median
 sentences/s, and each variant's time relative to the engine's (median and range of the
 per-repeat ratios of seconds, variant over engine; > 1: the engine is faster). It also says
@@ -26,6 +27,7 @@ from torch import nn
 
 from checkpoint import load_for_inference
 from common.files import read_lines
+from common.memory import keep_freed_memory
 from decoding import SearchConfig, Translator
 from engine import Engine
 from engine.cache import StepKVCache
@@ -64,6 +66,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as translate.py does on the CPU: freed blocks reused, no page faults
     model, tokenizer, _ = load_for_inference(args.checkpoint, "cpu")
     lines = read_lines(args.src)
     table = variants(model)
