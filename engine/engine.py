@@ -36,7 +36,7 @@ from decoding.search import Hypothesis, SpecialTokens
 from engine.cache import StepCache, StepKVCache
 from engine.continuous import continuous_greedy_search
 from engine.int8 import quantize_linears
-from model.attention import masked_softmax, padding_mask
+from model.attention import attention, padding_mask
 from model.layers import rows_per_sentence
 from model.transformer import AttentionMaps, Transformer
 
@@ -176,7 +176,7 @@ class Engine(nn.Module):
         norms = layer.norms
         h = norms[0](x) if self.norm_first else x
         q, k, v = self._split_heads(linears["qkv"](h), 3)  # (B, H, S, Dh) each
-        context = _attention(q, k, v, mask)  # (B, H, S, Dh)
+        context = attention(q, k, v, mask).output  # (B, H, S, Dh), as the model's
         B, H, S, Dh = context.shape
         x = self._residual(
             x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0]
@@ -269,15 +269,6 @@ class Engine(nn.Module):
         scores = torch.baddbmm(bias, q, keys, alpha=1.0 / math.sqrt(Dh))  # (B * H, K, S)
         context = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * H, S, Dh))
         return linears["cross_out"](context.view(B, H, K, Dh).transpose(1, 2).reshape(N, D))
-
-
-def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """The encoder's self-attention, as `MultiHeadAttention.attend` at inference: SDPA, or the
-    explicit path for bf16/fp16 on the CPU. (B, H, S, Dh) -> (B, H, S, Dh)."""
-    if q.device.type == "cpu" and q.dtype != torch.float32:
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, S, S)
-        return masked_softmax(scores.float(), mask=mask).to(q.dtype) @ v
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 # ------------------------------------------------------------------ the engine's linear layers

@@ -178,6 +178,41 @@ class KVCache:
             self.cross_v = self.cross_v.index_select(0, sentences)
 
 
+def attention(
+    q: Tensor,  # (B, H, T, Dh)
+    k: Tensor,  # (B, H, S, Dh)
+    v: Tensor,  # (B, H, S, Dh)
+    mask: Tensor | None = None,  # bool, broadcastable to (B, H, T, S)
+    is_causal: bool = False,  # query i sees keys <= i (right-aligned when T < S)
+    dropout_p: float = 0.0,  # on the weights; 0 at inference
+    need_weights: bool = False,
+) -> AttentionOutput:
+    """Scaled dot-product attention of every head: softmax(q k^T / sqrt(Dh)) v (eq. 1).
+
+    The kernel is `F.scaled_dot_product_attention`; when the weights are asked for, an explicit
+    path computes them. Both give the same output, (B, H, T, Dh), and the weights (B, H, T, S)
+    only when asked for.
+    """
+    # bf16/fp16 on the CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
+    # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
+    # faster than either at Multi30k's lengths (benchmarks/bench_attention.py).
+    explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
+    if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
+        # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.
+        causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
+        mask = causal if mask is None else mask & causal
+        is_causal = False
+    if not explicit:
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )  # (B, H, T, Dh)
+        return AttentionOutput(context, None)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
+    context = dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
+    return AttentionOutput(context, weights if need_weights else None)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al., sec. 3.2.2), batch-first.
 
@@ -228,27 +263,10 @@ class MultiHeadAttention(nn.Module):
     ) -> AttentionOutput:
         """softmax(q k^T / sqrt(Dh)) v per head, heads concatenated, then `out_proj` (eq. 1)."""
         dropout_p = self.dropout if self.training else 0.0
-        # bf16/fp16 on the CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
-        # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
-        # faster than either at Multi30k's lengths (benchmarks/bench_attention.py).
-        explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
-        if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
-            # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.
-            causal = causal_mask(q.size(2), k.size(2), q.device)  # (T, S)
-            mask = causal if mask is None else mask & causal
-            is_causal = False
-        weights = None
-        if explicit:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
-            weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
-            context = dropout(weights, dropout_p, self.training) @ v  # (B, H, T, Dh)
-        else:
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # (B, H, T, Dh)
+        context, weights = attention(q, k, v, mask, is_causal, dropout_p, need_weights)
         B, H, T, Dh = context.shape
         context = context.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
-        return AttentionOutput(self.out_proj(context), weights if need_weights else None)
+        return AttentionOutput(self.out_proj(context), weights)
 
     def forward(
         self,
