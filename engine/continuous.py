@@ -72,7 +72,7 @@ def continuous_greedy_search(
         raise ValueError("continuous_greedy_search needs the engine in eval mode (engine.eval())")
     device = next(engine.parameters()).device
     n_layers = len(engine.decoder_linears)
-    H, Dh = engine.n_heads, engine.d_head
+    H, Dh = engine.cfg.n_heads, engine.cfg.d_head
     R = max(1, min(cfg.batch_size, len(src_ids)))
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
     waiting: deque[_Sentence] = deque()

@@ -36,7 +36,7 @@ from decoding.search import Hypothesis, SpecialTokens
 from engine.cache import StepCache, StepKVCache
 from engine.continuous import continuous_greedy_search
 from engine.int8 import quantize_linears
-from model.attention import attention, padding_mask
+from model.attention import attention, padding_mask, split_heads
 from model.layers import rows_per_sentence
 from model.transformer import AttentionMaps, Transformer
 
@@ -83,8 +83,6 @@ class Engine(nn.Module):
         self.int8 = quantize == "int8"
         # int8 scales activations per batch: a row's output would depend on the rows beside it
         self.continuous_batching = not self.int8  # see `decoding.search.ContinuousGreedy`
-        self.n_heads, self.d_head = model.cfg.n_heads, model.cfg.d_head
-        self.norm_first = model.cfg.norm_first
         prepare = _copy if self.int8 else _shared
         self.encoder_linears = nn.ModuleList(
             _encoder_linears(layer, prepare) for layer in model.encoder.layers
@@ -164,29 +162,24 @@ class Engine(nn.Module):
 
     # ---------------------------------------------------------------------------- encoder
 
-    def _split_heads(self, x: Tensor, n: int) -> Tensor:
-        B, T, _ = x.shape
-        x = x.view(B, T, n, self.n_heads, self.d_head)  # (B, T, n, H, Dh)
-        return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, Dh)
-
     def _encoder_layer(
         self, layer: nn.Module, linears: nn.ModuleDict, x: Tensor, mask: Tensor
     ) -> Tensor:
         """`EncoderLayer.forward` at inference: x (B, S, D), mask (B, 1, 1, S)."""
         norms = layer.norms
-        h = norms[0](x) if self.norm_first else x
-        q, k, v = self._split_heads(linears["qkv"](h), 3)  # (B, H, S, Dh) each
+        h = norms[0](x) if self.cfg.norm_first else x
+        q, k, v = split_heads(linears["qkv"](h), 3, self.cfg.n_heads)  # (B, H, S, Dh) each
         context = attention(q, k, v, mask).output  # (B, H, S, Dh), as the model's
         B, H, S, Dh = context.shape
         x = self._residual(
             x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0]
         )
-        h = norms[1](x) if self.norm_first else x
+        h = norms[1](x) if self.cfg.norm_first else x
         return self._residual(x, linears["ff2"](F.relu(linears["ff1"](h))), norms[1])
 
     def _residual(self, x: Tensor, sublayer_output: Tensor, norm: nn.Module) -> Tensor:
         x = x + sublayer_output
-        return x if self.norm_first else norm(x)
+        return x if self.cfg.norm_first else norm(x)
 
     # ---------------------------------------------------------------------------- decoder
 
@@ -201,7 +194,7 @@ class Engine(nn.Module):
         return [self._cross_kv_heads(linears, memory) for linears in self.decoder_linears]
 
     def _cross_kv_heads(self, linears: nn.ModuleDict, memory: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = self._split_heads(linears["cross_kv"](memory), 2)
+        k, v = split_heads(linears["cross_kv"](memory), 2, self.cfg.n_heads)
         return k, v
 
     def decoder_step(
@@ -216,17 +209,17 @@ class Engine(nn.Module):
         layers = self.model.decoder.layers
         for layer, linears, cache in zip(layers, self.decoder_linears, caches, strict=True):
             norms = layer.norms
-            h = norms[0](x) if self.norm_first else x
+            h = norms[0](x) if self.cfg.norm_first else x
             x = self._residual(x, self._self_step(linears, h, cache), norms[0])
-            h = norms[1](x) if self.norm_first else x
+            h = norms[1](x) if self.cfg.norm_first else x
             x = self._residual(x, self._cross_step(linears, h, memory, src_mask, cache), norms[1])
-            h = norms[2](x) if self.norm_first else x
+            h = norms[2](x) if self.cfg.norm_first else x
             x = self._residual(x, linears["ff2"](F.relu(linears["ff1"](h))), norms[2])
         return self.model.decoder.final_norm(x)
 
     def _self_step(self, linears: nn.ModuleDict, h: Tensor, cache: StepCache) -> Tensor:
         """h (N, D) -> self-attention output (N, D); appends this position's K/V to `cache`."""
-        N, D, H, Dh = h.size(0), h.size(1), self.n_heads, self.d_head
+        N, D, H, Dh = h.size(0), h.size(1), self.cfg.n_heads, self.cfg.d_head
         qkv = linears["self_qkv"](h)  # (N, 3D)
         q, kv = qkv[:, :D], qkv[:, D:]
         k, v = cache.append(

@@ -178,6 +178,13 @@ class KVCache:
             self.cross_v = self.cross_v.index_select(0, sentences)
 
 
+def split_heads(x: Tensor, n: int, n_heads: int) -> Tensor:
+    """n projections side by side, (B, T, n * D) -> (n, B, H, T, Dh): each split into heads."""
+    B, T, width = x.shape
+    x = x.view(B, T, n, n_heads, width // (n * n_heads))  # (B, T, n, H, Dh)
+    return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, Dh)
+
+
 def attention(
     q: Tensor,  # (B, H, T, Dh)
     k: Tensor,  # (B, H, S, Dh)
@@ -231,25 +238,20 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def _split_heads(self, x: Tensor, n: int) -> Tensor:
-        B, T, _ = x.shape
-        x = x.view(B, T, n, self.n_heads, self.d_head)  # (B, T, n, H, Dh)
-        return x.permute(2, 0, 3, 1, 4)  # (n, B, H, T, Dh)
-
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, D) -> q, k, v, each (B, H, T, Dh), with one matmul."""
-        q, k, v = self._split_heads(self.in_proj(x), 3)
+        q, k, v = split_heads(self.in_proj(x), 3, self.n_heads)
         return q, k, v
 
     def project_q(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, H, T, Dh): the q slice of `in_proj`."""
         D, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
-        return self._split_heads(F.linear(x, weight[:D], bias[:D]), 1)[0]
+        return split_heads(F.linear(x, weight[:D], bias[:D]), 1, self.n_heads)[0]
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) -> k, v, each (B, H, S, Dh): the k | v slice of `in_proj`."""
         D, weight, bias = self.d_model, self.in_proj.weight, self.in_proj.bias
-        k, v = self._split_heads(F.linear(x, weight[D:], bias[D:]), 2)
+        k, v = split_heads(F.linear(x, weight[D:], bias[D:]), 2, self.n_heads)
         return k, v
 
     def attend(
