@@ -1,1 +1,2 @@
-"""Benchmarks and diagnostics (not installed): run from the repo root as `python -m benchmarks.NAME`."""
+"""Benchmarks and diagnostics (not installed): run from the repository root as
+`python -m benchmarks.NAME`."""

@@ -23,7 +23,8 @@ PAD = 0
 
 
 def autograd_loss(logits, target, eps):
-    """The formula with plain autograd (what model/kernels.py computed before its hand-written backward)."""
+    """The formula with plain autograd (what model/kernels.py computed before its
+    hand-written backward)."""
     log_probs = F.log_softmax(logits.float(), dim=-1)
     nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     smooth = -log_probs.mean(dim=-1)

@@ -45,7 +45,8 @@ What is timed (each model gets the same random batch, the same precision, the sa
 Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
 so that machine noise hits every model alike; medians are reported with their min-max range,
 and the ratio ours/peer (> 1: ours is faster) is printed last for each measurement as the
-median and range of the per-repeat ratios (one round of the interleaving each). `--batch-tokens` budgets a batch as
+median and range of the per-repeat ratios (one round of the interleaving each).
+`--batch-tokens` budgets a batch as
 the trainer does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are
 uniform in [max_len/2, max_len] on each side.
 

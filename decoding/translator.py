@@ -45,9 +45,10 @@ class Translator:
     that padding stays small; results come back in input order. Greedy search on a model that
     offers continuous batching (`decoding.search.ContinuousGreedy`: one float `engine.Engine`),
     with `inter_threads` 1, keeps `batch_size` sentences in flight instead: a finished
-    sentence's row takes the next one at once, with the same outputs up to float rounding. Empty (or whitespace-only) sentences give empty translations without
-    reaching the model. The model is put in eval mode while translating and restored
-    afterwards, so a trainer can call this mid-training.
+    sentence's row takes the next one at once, with the same outputs up to float rounding.
+    Empty (or whitespace-only) sentences give empty translations without reaching the model.
+    The model is put in eval mode while translating and restored afterwards, so a trainer can
+    call this mid-training.
 
     `inter_threads` > 1 searches that many batches at once, each on a thread of its own,
     with torch's intra-op threads divided among them (CTranslate2's `inter_threads`;

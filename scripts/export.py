@@ -13,7 +13,8 @@ then loaded back and checked against the checkpoint: nothing half-written or wro
 An existing non-empty `-o` is replaced only with `--force`.
 
 Transformers cannot express a pre-norm model (MarianMTModel is post-norm only): it is
-refused; CTranslate2 takes it. The weight mappings live in `exporting/hf.py` and `exporting/ct2.py`. Needs the
+refused; CTranslate2 takes it. The weight mappings live in `exporting/hf.py` and
+`exporting/ct2.py`. Needs the
 optional packages: pip install -e '.[export]'. Every user mistake ends with one line,
 `export.py: error: ...`, and exit status 1 (2 for bad flags).
 """

@@ -1,4 +1,5 @@
-"""Smoke tests of benchmarks/benchmark.py and benchmarks/bench_translate.py (tiny sizes, one thread).
+"""Smoke tests of benchmarks/benchmark.py and benchmarks/bench_translate.py (tiny sizes, one
+thread).
 
 No timing assertion: they check that the scripts run, report positive numbers, write the
 expected JSON, and that the peers and the no-cache baseline compute what ours computes.
