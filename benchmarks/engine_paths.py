@@ -33,7 +33,7 @@ from engine import Engine
 from engine.cache import StepKVCache
 
 
-class _StepEngine(Engine):
+class StepEngine(Engine):
     """Every search on the engine's one-token step, on the model's float layers."""
 
     def decode(self, tgt_ids, memory, src_mask, caches=None, offset=0):  # noqa: ANN001, ANN201
@@ -52,7 +52,7 @@ def variants(model: nn.Module) -> dict[str, nn.Module]:
     return {
         "engine": Engine(model),
         "no continuous batching": no_continuous,
-        "one-token step": _StepEngine(model),
+        "one-token step": StepEngine(model),
     }
 
 

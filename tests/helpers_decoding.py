@@ -16,10 +16,9 @@ import datasets
 import torch
 from torch import Tensor
 
+from benchmarks.engine_paths import StepEngine  # noqa: F401  (re-exported for tests)
 from data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
 from decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
-from engine import Engine
-from engine.cache import StepKVCache
 
 
 @dataclass(frozen=True)
@@ -160,13 +159,3 @@ def tiny_tokenizer(out_dir: Path, vocab_size: int = 90) -> Tokenizer:
     rows = {"src": [src for src, _ in PAIRS], "tgt": [tgt for _, tgt in PAIRS]}
     cfg = TokenizerConfig(vocab_size=vocab_size, input_sentence_size=0)
     return train_or_load_tokenizer(datasets.Dataset.from_dict(rows), cfg, out_dir)
-
-
-class StepEngine(Engine):
-    """The engine searching on its one-token step (what int8 runs), on float layers."""
-
-    def decode(self, tgt_ids, memory, src_mask, caches=None, offset=0):  # noqa: ANN001, ANN201
-        return self.step(tgt_ids, memory, src_mask, caches, offset)
-
-    def new_caches(self) -> list[StepKVCache]:
-        return [StepKVCache() for _ in self.decoder_linears]
