@@ -1,10 +1,14 @@
 """The `translate.py` command line: its flags and what a run does.
 
 The search flags (`--beam`, `--length-penalty`, `--lp-type`, `--max-len-a`, `--max-len-b`,
-`--nbest`, `--batch-size`) are generated from the fields of `SearchConfig`, so their defaults,
-limits and help are the dataclass's. Flags, paths and `--ref` are checked before torch is
-imported (the input's text is checked as it is read, since it is streamed); every user mistake
-raises `UserError` (or exits 2 for a bad flag), one line, no traceback.
+`--nbest`, `--batch-size`, `--sampling`, `--topk`, `--topp`, `--temperature`, `--seed`) are
+generated from the fields of `SearchConfig`, so their defaults, limits and help are the
+dataclass's. Beside translating, a run can score given translations (`--score`), force a
+target prefix (`--prefix`, `--tab-prefix`) and print word alignments (`--print-alignment`).
+Flags, paths, their combinations, and the line counts of `--ref`, `--prefix` and `--score`
+files are checked before torch is imported (the input's text is checked as it is read, since
+it is streamed); every user mistake raises `UserError` (or exits 2 for a bad flag), one line,
+no traceback.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import (
 from common.errors import UserError
 from common.files import atomic_open, read_lines
 from decoding.config import SearchConfig
-from decoding.inputs import Input, open_input
+from decoding.inputs import AlignedLines, Input, open_aligned, open_input
 
 if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are checked
+    from decoding.scoring import TokenScores
     from decoding.translator import TextHypothesis, Translator
 
 PROG = "translate.py"
@@ -42,7 +47,9 @@ QUANTIZE = ("none", "int8")
 _CLI_HELP = {
     "nbest": "; above 1 prints 'INDEX ||| TRANSLATION ||| SCORE' lines (INDEX 0-based, best "
     "first; an empty input gets one empty hypothesis), so line counts differ from the input",
+    "sampling": "; beam_size is not used",
 }
+_SAMPLING_ONLY = ("topk", "topp", "temperature", "seed")  # flags that mean nothing without it
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,6 +86,9 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
         for name, flag in flags.items():  # help names other options by field name
             text = text.replace(name, flag)
         kind = types[f.name]
+        if kind is bool:
+            parser.add_argument(flags[f.name], dest=f.name, action="store_true", help=text)
+            continue
         if get_origin(kind) is Literal:
             spec = {"choices": get_args(kind)}
         else:
@@ -163,6 +173,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="reference translations: print sacreBLEU BLEU and chrF to stderr",
     )
     add(
+        "--prefix",
+        metavar="FILE",
+        help="a target prefix per input line (UTF-8, line-aligned with the input; an empty "
+        "line: no prefix): its subwords are forced, then the search (or sampling) goes on; "
+        "the output includes the prefix",
+    )
+    add(
+        "--tab-prefix",
+        action="store_true",
+        help="each input line is 'SOURCE<TAB>PREFIX' (a line without a tab has no prefix): "
+        "--prefix for standard input and interactive use",
+    )
+    add(
+        "--score",
+        metavar="FILE",
+        help="no translation: score FILE's translations of the input (line-aligned), one "
+        "line each: 'SCORE<TAB>LOG_PROB<TAB>LENGTH', LOG_PROB the sum of the log-probabilities "
+        "of its subwords and EOS, LENGTH their count, SCORE = LOG_PROB / the length penalty "
+        "of --length-penalty/--lp-type (what --nbest prints for the same translation)",
+    )
+    add(
+        "--token-scores",
+        action="store_true",
+        help="with --score: a fourth column, each subword's log-probability then EOS's, "
+        "space-separated",
+    )
+    add(
+        "--print-alignment",
+        action="store_true",
+        help="append ' ||| ALIGNMENT' to each translation: word-level 'i-j' pairs (source word "
+        "i, target word j, 0-based, whitespace words) from cross-attention, each target word "
+        "to the source word it attends to most",
+    )
+    add(
+        "--alignment-layer",
+        type=int,
+        metavar="N",
+        help="decoder layer whose cross-attention (mean over heads) --print-alignment uses, "
+        "0-based, negative from the top (default: the penultimate; see docs/translating.md)",
+    )
+    add(
         "--plot-attention",
         metavar="PNG",
         help="save the cross-attention heatmap (last layer, mean over heads) of the "
@@ -174,9 +225,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
     """The `SearchConfig` the search flags describe."""
-    if args.nbest > args.beam_size:
+    if args.nbest > args.beam_size and not args.sampling:
         raise UserError(f"--nbest {args.nbest} needs --beam >= {args.nbest}; raise --beam")
-    return SearchConfig(**{f.name: getattr(args, f.name) for f in fields(SearchConfig)})
+    if not args.sampling:
+        defaults = {f.name: f.default for f in fields(SearchConfig)}
+        for name in _SAMPLING_ONLY:
+            if getattr(args, name) != defaults[name]:
+                flag = "--" + name
+                raise UserError(f"{flag} applies to sampling only; add --sampling or drop {flag}")
+    try:
+        return SearchConfig(**{f.name: getattr(args, f.name) for f in fields(SearchConfig)})
+    except ValueError as e:  # a bound no flag type checks (topp <= 1)
+        raise UserError(f"{e}; see --help") from None
+
+
+def check_combinations(args: argparse.Namespace) -> None:
+    """Flags that cannot go together, before anything is read or loaded."""
+    if args.score is not None:
+        for flag, given in (
+            ("--sampling", args.sampling),
+            ("--prefix", args.prefix is not None),
+            ("--tab-prefix", args.tab_prefix),
+            ("--ref", args.ref is not None),
+            ("--print-alignment", args.print_alignment),
+            ("--nbest", args.nbest > 1),
+        ):
+            if given:
+                raise UserError(f"--score scores given translations: drop {flag}")
+    elif args.token_scores:
+        raise UserError("--token-scores goes with --score FILE; add --score or drop it")
+    if args.prefix is not None and args.tab_prefix:
+        raise UserError("--prefix FILE and --tab-prefix both give prefixes; keep one")
+    if args.alignment_layer is not None and not args.print_alignment:
+        raise UserError("--alignment-layer goes with --print-alignment; add it or drop the layer")
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -202,16 +283,34 @@ def check_quantize(quantize: str, device: str, precision: str) -> None:
         )
 
 
-def format_output(nbest: list[list[TextHypothesis]], n: int, start: int = 0) -> str:
+def format_output(
+    nbest: list[list[TextHypothesis]],
+    n: int,
+    start: int = 0,
+    alignments: list[list[str]] | None = None,
+) -> str:
     """Plain translations, or Moses-style n-best lines `i ||| translation ||| score` (`i`
-    counts input lines from 0; the first of `nbest` is input line `start`)."""
-    if n == 1:
-        return "".join(f"{hyps[0].text}\n" for hyps in nbest)
-    return "".join(
-        f"{start + i} ||| {h.text} ||| {h.score:.4f}\n"
-        for i, hyps in enumerate(nbest)
-        for h in hyps
-    )
+    counts input lines from 0; the first of `nbest` is input line `start`); with
+    `alignments` (per sentence, per hypothesis), ` ||| alignment` ends each line."""
+    lines = []
+    for i, hyps in enumerate(nbest):
+        for k, h in enumerate(hyps[:1] if n == 1 else hyps):
+            line = h.text if n == 1 else f"{start + i} ||| {h.text} ||| {h.score:.4f}"
+            if alignments is not None:
+                line += f" ||| {alignments[i][k]}"
+            lines.append(line + "\n")
+    return "".join(lines)
+
+
+def format_scores(scores: list[TokenScores], per_token: bool) -> str:
+    """`score<TAB>log_prob<TAB>length[<TAB>token log-probs]` per pair."""
+    lines = []
+    for s in scores:
+        line = f"{s.score:.4f}\t{s.log_prob:.4f}\t{len(s.token_log_probs)}"
+        if per_token:
+            line += "\t" + " ".join(f"{p:.4f}" for p in s.token_log_probs)
+        lines.append(line + "\n")
+    return "".join(lines)
 
 
 def check_ref_count(path: str, n_refs: int, n_inputs: int) -> None:
@@ -223,49 +322,72 @@ def check_ref_count(path: str, n_refs: int, n_inputs: int) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Translate what `args` (from `build_parser`) asks for; raises `UserError` on a mistake.
+    """Translate (or score) what `args` (from `build_parser`) asks for; raises `UserError` on a
+    mistake.
 
     The input is read and translated a batch at a time (`decoding.inputs`) and each batch's
-    translations are written (and flushed) before the next batch is read. `--output` is
-    written to a temp file renamed into place at the end, so an error or Ctrl-C leaves any
-    previous file intact.
+    translations are written (and flushed) before the next batch is read; a `--prefix` or
+    `--score` file is read in step with it. `--output` is written to a temp file renamed into
+    place at the end, so an error or Ctrl-C leaves any previous file intact.
     """
     cfg = search_config(args)
+    check_combinations(args)
     check_writable(args.output, "--output")
     check_writable(args.plot_attention, "--plot-attention")
     sentences = [" ".join(s.splitlines()) for s in args.sentences]
     refs = None if args.ref is None else read_lines(args.ref, "--ref")
+    side_flag, side_path = ("--score", args.score) if args.score else ("--prefix", args.prefix)
     with open_input(sentences, args.input, args.buffer_size) as source:
         progress = not source.interactive and not sentences and sys.stderr.isatty()
-        n_lines = source.count_lines() if refs is not None or progress else None
+        counted = refs is not None or progress or side_path is not None
+        n_lines = source.count_lines() if counted else None
         if refs is not None and n_lines is not None:  # a file: fail before loading the model
             check_ref_count(args.ref, len(refs), n_lines)
-        from common import runtime
-
-        device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
-        check_quantize(args.quantize, device, args.precision)
-        runtime.check_autocast(device, args.precision, "--precision")
-        precision = runtime.autocast(device, args.precision)
-
-        from common.memory import keep_freed_memory
-        from decoding.translator import Translator
-        from engine import load_engine
-
-        if device == "cpu":  # the device type: "cpu" or "cuda"
-            keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
-        model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
-        translator = Translator(model, tokenizer, cfg, device, args.inter_threads)
-        output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
-        with output as out, precision:
-            keep = refs is not None
-            done = translate_input(translator, source, out, cfg.nbest, keep, n_lines, progress)
-            if refs is not None:  # a pipe: its line count is known only now
-                check_ref_count(args.ref, len(refs), done.lines)
+        with open_aligned(side_path, side_flag, n_lines) as side:
+            translator = load_translator(args, cfg)
+            output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
+            with output as out, runtime_precision(args, translator):
+                if args.score:
+                    assert side is not None
+                    done = score_input(translator, source, out, side, args.token_scores)
+                else:
+                    job = Job(cfg.nbest, refs is not None, side, args.tab_prefix)
+                    job = job._replace(align=args.print_alignment, layer=args.alignment_layer)
+                    done = translate_input(translator, source, out, job, n_lines, progress)
+                if side is not None:
+                    side.check_end(done.lines)
+                if refs is not None:  # a pipe: its line count is known only now
+                    check_ref_count(args.ref, len(refs), done.lines)
     if refs is not None:
         report_scores(done.hyps, refs)
     if args.plot_attention:
-        with precision:
+        with runtime_precision(args, translator):
             plot_first(translator, done.first, args.plot_attention)
+
+
+def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
+    """The checkpoint(s) on the device the flags ask for, in a `Translator`."""
+    from common import runtime
+
+    device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
+    check_quantize(args.quantize, device, args.precision)
+    runtime.check_autocast(device, args.precision, "--precision")
+
+    from common.memory import keep_freed_memory
+    from decoding.translator import Translator
+    from engine import load_engine
+
+    if device == "cpu":  # the device type: "cpu" or "cuda"
+        keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
+    model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
+    return Translator(model, tokenizer, cfg, device, args.inter_threads)
+
+
+def runtime_precision(args: argparse.Namespace, translator: Translator):  # noqa: ANN201
+    """The autocast context of `--precision` on the translator's device."""
+    from common import runtime
+
+    return runtime.autocast(translator.device.type, args.precision)
 
 
 class Translated(NamedTuple):
@@ -274,12 +396,22 @@ class Translated(NamedTuple):
     first: str | None  # the first non-empty input line (for --plot-attention)
 
 
+class Job(NamedTuple):
+    """What `translate_input` does besides translating each batch."""
+
+    nbest: int  # hypotheses printed per sentence
+    keep: bool  # keep the best translations (for --ref)
+    prefixes: AlignedLines | None = None  # --prefix FILE
+    tab_prefix: bool = False  # input lines are SOURCE<TAB>PREFIX
+    align: bool = False  # --print-alignment
+    layer: int | None = None  # --alignment-layer
+
+
 def translate_input(
     translator: Translator,
     source: Input,
     out: BinaryIO,
-    nbest: int,
-    keep: bool = False,
+    job: Job,
     total: int | None = None,
     progress: bool = False,
 ) -> Translated:
@@ -292,16 +424,60 @@ def translate_input(
     with tqdm(
         total=total, unit="sent", desc="translating", file=sys.stderr, disable=not progress
     ) as bar:
-        for lines in source.batches():
-            results = translator.translate_nbest(lines, progress=bar.update)
-            out.write(format_output(results, nbest, start=done).encode("utf-8"))
+        for batch in source.batches():
+            lines, prefixes = batch, None
+            if job.tab_prefix:
+                lines, prefixes = split_tab_prefix(batch)
+            elif job.prefixes is not None:
+                prefixes = job.prefixes.take(len(batch))
+            results = translator.translate_nbest(lines, bar.update, prefixes)
+            alignments = align_all(translator, lines, results, job.layer) if job.align else None
+            out.write(format_output(results, job.nbest, done, alignments).encode("utf-8"))
             out.flush()
             done += len(lines)
             if first is None:
                 first = next((line for line in lines if line.strip()), None)
-            if keep:
+            if job.keep:
                 hyps.extend(best[0].text for best in results)
     return Translated(done, hyps, first)
+
+
+def split_tab_prefix(lines: list[str]) -> tuple[list[str], list[str]]:
+    """`SOURCE<TAB>PREFIX` lines -> sources, prefixes (no tab: no prefix)."""
+    pairs = [line.split("\t", 1) if "\t" in line else [line, ""] for line in lines]
+    return [src for src, _ in pairs], [prefix for _, prefix in pairs]
+
+
+def align_all(
+    translator: Translator, lines: list[str], results: list[list[TextHypothesis]], layer: int | None
+) -> list[list[str]]:
+    """The word alignment of every hypothesis, Pharaoh-formatted, per sentence."""
+    from decoding.alignment import format_alignment
+
+    src_ids = translator.tokenizer.encode_src([line.strip() for line in lines])
+    pairs = [(i, hyp.tokens) for i, hyps in enumerate(results) for hyp in hyps]
+    try:
+        found = iter(translator.align([src_ids[i] for i, _ in pairs], [t for _, t in pairs], layer))
+    except ValueError as e:  # a layer the model does not have
+        raise UserError(f"--alignment-layer: {e}; pick another layer") from None
+    return [[format_alignment(next(found)) for _ in hyps] for hyps in results]
+
+
+def score_input(
+    translator: Translator,
+    source: Input,
+    out: BinaryIO,
+    translations: AlignedLines,
+    per_token: bool,
+) -> Translated:
+    """Score `translations` of `source` a batch at a time (`--score`), writing as it goes."""
+    done = 0
+    for lines in source.batches():
+        scores = translator.score(lines, translations.take(len(lines)))
+        out.write(format_scores(scores, per_token).encode("utf-8"))
+        out.flush()
+        done += len(lines)
+    return Translated(done, [], None)
 
 
 def report_scores(hyps: list[str], refs: list[str]) -> None:

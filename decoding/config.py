@@ -24,10 +24,12 @@ def _option(default: Any, help: str, minimum: float | None = None, flag: str = "
 
 @dataclass
 class SearchConfig:
-    """Greedy/beam search options (validated on construction).
+    """Greedy/beam search and sampling options (validated on construction).
 
     Defaults follow fairseq's usual WMT settings (`--beam 5 --lenpen 1 --max-len-a 1.2
-    --max-len-b 10`).
+    --max-len-b 10`). With `sampling`, each sentence gets `nbest` independent samples instead
+    of a search (`beam_size` is not used); `topk`, `topp` and `temperature` shape the
+    distribution sampled from (fairseq's `--sampling-topk/--sampling-topp/--temperature`).
     """
 
     beam_size: int = _option(5, "hypotheses kept per sentence; 1 = greedy search", 1, "--beam")
@@ -44,13 +46,28 @@ class SearchConfig:
     max_len_b: int = _option(10, "see max_len_a", 0)
     nbest: int = _option(1, "hypotheses returned per sentence, best first (<= beam_size)", 1)
     batch_size: int = _option(64, "sentences per search batch (greedy: sentences in flight)", 1)
+    sampling: bool = _option(
+        False, "sample each next token instead of searching; nbest = samples per sentence"
+    )
+    topk: int = _option(0, "sampling: draw from the k most probable tokens only; 0 = all", 0)
+    topp: float = _option(
+        1.0, "sampling: draw from the smallest set of tokens whose probability reaches p", 0
+    )
+    temperature: float = _option(
+        1.0, "sampling: divide the logits by this; < 1 sharpens, > 1 flattens", 0
+    )
+    seed: int = _option(1, "sampling: random seed; the same seed and input give the same output")
 
     def __post_init__(self) -> None:
         for f in fields(self):
             minimum = f.metadata["min"]
             if minimum is not None and getattr(self, f.name) < minimum:
                 raise ValueError(f"{f.name} must be >= {minimum}, got {getattr(self, f.name)}")
-        if self.nbest > self.beam_size:
+        if self.nbest > self.beam_size and not self.sampling:
             raise ValueError(f"nbest must be in 1..beam_size={self.beam_size}, got {self.nbest}")
+        if not 0 < self.topp <= 1:
+            raise ValueError(f"topp must be in (0, 1], got {self.topp}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.lp_type not in LP_TYPES:
             raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {self.lp_type!r}")

@@ -66,25 +66,37 @@ class Ensemble(nn.Module):
         return [cache for caches in per_member for cache in caches]
 
     def decode(
-        self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor, caches: list, offset: int = 0
+        self,
+        tgt_ids: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        caches: list | None = None,
+        offset: int = 0,
     ) -> Tensor:
         """The mean of the members' float32 logits (N, T, V) for the tokens after `tgt_ids`.
 
         `memory` comes from `encode`, `caches` from `new_caches` (search keeps both in step
-        with its rows); each member decodes with its own slice of both.
+        with its rows); each member decodes with its own slice of both. Without `caches`,
+        every member runs the full teacher-forced pass (scoring).
         """
-        if sum(self._widths) != memory.size(-1) or sum(self._n_caches) != len(caches):
-            raise RuntimeError("decode needs the memory of `encode` and the caches of `new_caches`")
+        if sum(self._widths) != memory.size(-1):
+            raise RuntimeError("decode needs the memory of `encode`")
+        if caches is not None and sum(self._n_caches) != len(caches):
+            raise RuntimeError("decode needs the caches of `new_caches`")
         memories = memory.split(self._widths, dim=-1)
         total: Tensor | None = None
         start = 0
-        for member, member_memory, n in zip(self.members, memories, self._n_caches, strict=True):
-            member_caches = caches[start : start + n]
+        for member, member_memory, n in zip(self.members, memories, self._n_members(), strict=True):
+            member_caches = None if caches is None else caches[start : start + n]
             start += n
             logits = member.decode(tgt_ids, member_memory, src_mask, member_caches, offset).float()
             total = logits if total is None else total + logits
         assert total is not None
         return total / len(self.members)
+
+    def _n_members(self) -> list[int]:
+        """Caches per member (0 each before `new_caches`: a decode without caches)."""
+        return self._n_caches or [0] * len(self.members)
 
     def attention_maps(self, src_ids: Tensor, tgt_in: Tensor) -> AttentionMaps:
         """The first member's attention weights (members' maps differ in shape; not averaged)."""

@@ -23,6 +23,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import islice
 from typing import BinaryIO
 
 from common.errors import UserError
@@ -162,3 +163,62 @@ def _fileno(stream: object) -> int | None:
         return stream.fileno()  # type: ignore[attr-defined]
     except (AttributeError, OSError, io.UnsupportedOperation, ValueError):
         return None
+
+
+class AlignedLines:
+    """A file read in step with the input, line for line (`--prefix FILE`, `--score FILE`):
+    `take(n)` gives its next n lines; a file shorter or longer than the input is a
+    `UserError` that names both counts where they are known.
+    """
+
+    def __init__(self, stream: BinaryIO, path: str, flag: str) -> None:
+        self.path = path
+        self.flag = flag
+        self._lines = iter_lines(stream, path)
+        self._taken = 0
+
+    def take(self, n: int) -> list[str]:
+        lines = list(islice(self._lines, n))
+        self._taken += len(lines)
+        if len(lines) < n:
+            raise UserError(
+                f"{self.flag} {self.path} has {self._taken} lines but the input has more; "
+                "pass a file with one line per input line"
+            )
+        return lines
+
+    def check_end(self, n_inputs: int) -> None:
+        """Raise if lines remain after the input's `n_inputs` lines."""
+        if next(self._lines, None) is not None:
+            raise UserError(
+                f"{self.flag} {self.path} has more lines than the input ({n_inputs}); "
+                "pass a file with one line per input line"
+            )
+
+
+@contextmanager
+def open_aligned(
+    path: str | None, flag: str, n_inputs: int | None
+) -> Iterator[AlignedLines | None]:
+    """`AlignedLines` of `path` (None: no file); when the input's line count `n_inputs` is
+    known, a different count is an error before anything is translated.
+
+    Raises:
+        UserError: `path` is missing or unreadable, or its line count differs.
+    """
+    if path is None:
+        yield None
+        return
+    try:
+        stream = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as e:
+        raise UserError(f"cannot read {flag} file {path} ({e.strerror}); check the path") from None
+    with stream:
+        if n_inputs is not None:
+            count = FileLines(stream, path, 1).count_lines()
+            if count != n_inputs:
+                raise UserError(
+                    f"{flag} {path} has {count} lines but the input has {n_inputs}; "
+                    "pass a file with one line per input line"
+                )
+        yield AlignedLines(stream, path, flag)

@@ -25,6 +25,14 @@ Conventions (fairseq's `SequenceGenerator`, simplified):
   CTranslate2's `min_decoding_length=1`), so an empty translation is never a hypothesis. Only
   a length budget of 0 (e.g. `max_len_a=0, max_len_b=0`) still forces EOS at once.
 - Pad and BOS are never generated.
+- A target prefix (per sentence, optional) is forced: while a hypothesis is shorter than its
+  sentence's prefix, its next token is the prefix's, with the model's log-probability for it,
+  so scores cover the whole output, prefix included. The output budget is at least the
+  prefix's length. Beam search keeps one live hypothesis per sentence until its prefix ends.
+- Sampling (`sample_search`) draws each next token from the model's distribution shaped by
+  `temperature`, `topk` and `topp` (`sample_tokens`), `nbest` samples per sentence, with the
+  same length rules; a sample's `log_prob` is under the model's own distribution (temperature
+  1, no truncation), the one `--score` computes, so samples can be reranked with beam outputs.
 """
 
 from __future__ import annotations
@@ -137,32 +145,82 @@ class _Batch(NamedTuple):
     src_mask: Tensor  # (B, S) bool, True = real token
     max_len: Tensor  # (B,) output budget of each sentence
     caches: list
+    prefix: Tensor | None  # (B, P) forced target tokens, -1 past each sentence's prefix
 
 
 def _start(
-    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, cfg: SearchConfig
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    prefix: Tensor | None = None,
 ) -> _Batch:
     """Encode once; one row per sentence."""
     src_mask = padding_mask(src_ids, special.pad)  # (B, S)
     memory = model.encode(src_ids, src_mask)  # (B, S, D)
     max_len = max_lengths(src_ids, special, cfg.max_len_a, cfg.max_len_b)  # (B,)
-    return _Batch(memory, src_mask, max_len, model.new_caches())
+    if prefix is not None:  # the budget holds at least the prefix
+        max_len = torch.maximum(max_len, prefix.ge(0).sum(dim=1))
+    return _Batch(memory, src_mask, max_len, model.new_caches(), prefix)
+
+
+def prefix_tensor(prefixes: list[list[int]], device: torch.device | str = "cpu") -> Tensor | None:
+    """(B, P) long: each sentence's forced target ids, right-padded with -1 (None if all are
+    empty)."""
+    width = max((len(p) for p in prefixes), default=0)
+    if width == 0:
+        return None
+    rows = [p + [-1] * (width - len(p)) for p in prefixes]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _per_row(x: Tensor, n_rows: int) -> Tensor:
+    """One row per hypothesis from one row per sentence (K consecutive rows each)."""
+    return x if x.size(0) == n_rows else x.repeat_interleave(n_rows // x.size(0), dim=0)
 
 
 def _next_tokens(
-    model: Seq2SeqModel, batch: _Batch, last: Tensor, step: int, special: SpecialTokens, n: int
+    model: Seq2SeqModel,
+    batch: _Batch,
+    last: Tensor,
+    step: int,
+    special: SpecialTokens,
+    pick: Callable[[Tensor, bool, Tensor], tuple[Tensor, Tensor]],
 ) -> tuple[Tensor, Tensor]:
-    """The `n` most probable next tokens of each row and their log-probabilities
-    (`pick_tokens`): `last` (N,) is the token at position `step`, so EOS may not come at step
-    0, and a row whose sentence holds its budget of tokens may only end.
+    """The next tokens of each row and their log-probabilities, chosen by `pick(logits,
+    no_eos, at_limit)`: `last` (N,) is the token at position `step`, so EOS may not come at
+    step 0, and a row whose sentence holds its budget of tokens may only end. Rows still
+    inside their prefix get the prefix's token (`_force_prefix`).
 
-    Shape: last (N,) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
+    Shape: last (N,) -> log-probs (N, n) float32, token ids (N, n).
     """
     logits = model.decode(last.unsqueeze(1), batch.memory, batch.src_mask, batch.caches, step)
-    at_limit = batch.max_len.le(step)  # (B,)
-    if at_limit.size(0) != last.size(0):  # K rows per sentence
-        at_limit = at_limit.repeat_interleave(last.size(0) // at_limit.size(0))
-    return pick_tokens(logits[:, -1], special, n, step == 0, at_limit)
+    logits = logits[:, -1]  # (N, V)
+    at_limit = _per_row(batch.max_len.le(step), last.size(0))  # (N,)
+    lprobs, tokens = pick(logits, step == 0, at_limit)
+    if batch.prefix is None or step >= batch.prefix.size(1):
+        return lprobs, tokens
+    forced = _per_row(batch.prefix[:, step], last.size(0))  # (N,) -1 = free
+    return _force_prefix(logits, lprobs, tokens, forced)
+
+
+def _force_prefix(
+    logits: Tensor, lprobs: Tensor, tokens: Tensor, forced: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Rows with `forced` >= 0 get that token as their only candidate, with its model
+    log-probability; the other candidates of those rows become -inf.
+
+    Shape: logits (N, V), lprobs/tokens (N, n), forced (N,) -> (N, n), (N, n).
+    """
+    is_forced = forced.ge(0).unsqueeze(1)  # (N, 1)
+    token = forced.clamp(min=0).unsqueeze(1)  # (N, 1)
+    lprob = torch.log_softmax(logits.float(), dim=-1).gather(1, token)  # (N, 1)
+    first = torch.arange(lprobs.size(1), device=lprobs.device).eq(0)  # (n,)
+    forced_lprobs = lprob.masked_fill(~first, float("-inf"))  # (N, n)
+    return (
+        torch.where(is_forced, forced_lprobs, lprobs),
+        torch.where(is_forced, token.expand_as(tokens), tokens),
+    )
 
 
 def pick_tokens(
@@ -193,6 +251,45 @@ def pick_tokens(
     first = torch.arange(lprobs.size(1), device=lprobs.device).eq(0)  # (n,)
     forced = eos_lprob.masked_fill(~first, float("-inf"))  # (N, n)
     return torch.where(at_limit, forced, lprobs), tokens.masked_fill(at_limit, special.eos)
+
+
+def sample_tokens(
+    logits: Tensor,
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    no_eos: bool,
+    at_limit: Tensor | None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One token per row drawn from softmax(logits / temperature), restricted to the `topk`
+    most probable tokens (0: all), then to the smallest set of those whose probability reaches
+    `topp` (the most probable token always stays), renormalised. Pad, BOS and (where `no_eos`)
+    EOS are never drawn; a row `at_limit` gets EOS, as in `pick_tokens`.
+
+    Returns the token's log-probability under the model's own distribution (log_softmax of
+    `logits`: no temperature, no truncation) and the token.
+
+    Shape: logits (N, V), at_limit (N,) bool -> log-probs (N, 1) float32, token ids (N, 1).
+    """
+    logits = logits.float()
+    lprobs = torch.log_softmax(logits, dim=-1)  # (N, V) what the sample is scored by
+    weights = logits / cfg.temperature  # (N, V)
+    banned = [special.pad, special.bos] + ([special.eos] if no_eos else [])
+    weights[:, banned] = float("-inf")
+    if 0 < cfg.topk < weights.size(-1):
+        kth = weights.topk(cfg.topk, dim=-1).values[:, -1:]  # (N, 1)
+        weights = weights.masked_fill(weights < kth, float("-inf"))
+    if cfg.topp < 1:
+        probs, order = torch.softmax(weights, dim=-1).sort(dim=-1, descending=True)  # (N, V)
+        before = probs.cumsum(dim=-1) - probs  # mass of the more probable tokens
+        drop = before.ge(cfg.topp)  # the set already reached topp without this token
+        weights = weights.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
+    if at_limit is not None:
+        only_eos = torch.full_like(weights, float("-inf"))
+        only_eos[:, special.eos] = 0.0
+        weights = torch.where(at_limit.unsqueeze(1), only_eos, weights)
+    token = torch.multinomial(torch.softmax(weights, dim=-1), 1, generator=generator)  # (N, 1)
+    return lprobs.gather(1, token), token
 
 
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -236,6 +333,7 @@ def _select_rows(batch: _Batch, rows: Tensor, sentences: Tensor) -> _Batch:
         batch.src_mask.index_select(0, sentences),
         batch.max_len.index_select(0, sentences),
         batch.caches,
+        None if batch.prefix is None else batch.prefix.index_select(0, sentences),
     )
 
 
@@ -249,12 +347,16 @@ def _reorder_beams(caches: list, rows: Tensor) -> None:
         cache.reorder_beams(rows)
 
 
-# ---------------------------------------------------------------------------- greedy search
+# ----------------------------------------------------------------- greedy search, sampling
 
 
 @torch.inference_mode()
 def greedy_search(
-    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, cfg: SearchConfig
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    prefix: Tensor | None = None,
 ) -> SearchResult:
     """Pick the most probable token at every step (equals `beam_search` with beam 1).
 
@@ -265,11 +367,58 @@ def greedy_search(
         cfg: `max_len_a`, `max_len_b` (output budget per sentence), and `length_penalty`,
             `lp_type` (the reported `score`; greedy choices ignore them). `beam_size` and
             `nbest` are not used: greedy keeps one hypothesis.
+        prefix: forced target ids per sentence (`prefix_tensor`), or None.
 
     Shape:
         src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
     """
-    batch = _start(model, src_ids, special, cfg)
+
+    def best(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+        return pick_tokens(logits, special, 1, no_eos, at_limit)
+
+    return _one_per_row(model, src_ids, special, cfg, prefix, best, "greedy search")
+
+
+@torch.inference_mode()
+def sample_search(
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    prefix: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> SearchResult:
+    """`cfg.nbest` samples per sentence, each token drawn by `sample_tokens` (`topk`, `topp`,
+    `temperature`) with `generator`; each sentence's samples come back best score first.
+
+    Shape:
+        src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
+    """
+    n = cfg.nbest
+    if n > 1:  # n rows per sentence, each sampled on its own
+        src_ids = src_ids.repeat_interleave(n, dim=0)  # (B * n, S)
+        prefix = None if prefix is None else prefix.repeat_interleave(n, dim=0)
+
+    def draw(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+        return sample_tokens(logits, special, cfg, no_eos, at_limit, generator)
+
+    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling").hypotheses
+    per_sentence = [[hyp for row in rows[i : i + n] for hyp in row] for i in range(0, len(rows), n)]
+    return SearchResult([_nbest(hyps, n) for hyps in per_sentence])
+
+
+def _one_per_row(
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    prefix: Tensor | None,
+    pick: Callable[[Tensor, bool, Tensor], tuple[Tensor, Tensor]],
+    what: str,
+) -> SearchResult:
+    """One hypothesis per source row, extended by `pick`'s token until EOS (greedy search
+    picks the best token, sampling draws one)."""
+    batch = _start(model, src_ids, special, cfg, prefix)
     B, device = src_ids.size(0), src_ids.device
     sent_ids = torch.arange(B)  # (N,) on the CPU: input index of each live row
     tokens = torch.full((B, 1), special.bos, dtype=torch.long, device=device)  # (N, t + 1)
@@ -277,7 +426,7 @@ def greedy_search(
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     step = 0
     while sent_ids.numel() > 0:
-        lprob, token = _next_tokens(model, batch, tokens[:, -1], step, special, n=1)  # (N, 1)
+        lprob, token = _next_tokens(model, batch, tokens[:, -1], step, special, pick)  # (N, 1)
         sums = sums + lprob
         tokens = torch.cat([tokens, token], dim=1)  # (N, t + 2)
         step += 1
@@ -296,7 +445,7 @@ def greedy_search(
             keep = keep_cpu.to(device)
             batch = _select_rows(batch, keep, keep)
             tokens, sums = tokens.index_select(0, keep), sums.index_select(0, keep)
-    logger.debug("greedy search: %d sentences, %d steps", B, step)
+    logger.debug("%s: %d rows, %d steps", what, B, step)
     return SearchResult(results)
 
 
@@ -324,7 +473,11 @@ class _Candidates(NamedTuple):
 
 @torch.inference_mode()
 def beam_search(
-    model: Seq2SeqModel, src_ids: Tensor, special: SpecialTokens, cfg: SearchConfig
+    model: Seq2SeqModel,
+    src_ids: Tensor,
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    prefix: Tensor | None = None,
 ) -> SearchResult:
     """Batched beam search with fairseq's 2K-candidate EOS handling (see the module docstring).
 
@@ -336,12 +489,14 @@ def beam_search(
             (alpha and formula of the score), `max_len_a`, `max_len_b` (output budget
             `int(a * src_len + b)` per sentence), `nbest` (hypotheses returned per sentence,
             best first).
+        prefix: forced target ids per sentence (`prefix_tensor`), or None. While a sentence
+            is inside its prefix, only one of its hypotheses is live (the others score -inf).
 
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
     """
     beam_size = cfg.beam_size
-    batch = _start(model, src_ids, special, cfg)
+    batch = _start(model, src_ids, special, cfg, prefix)
     B, device = src_ids.size(0), src_ids.device
     beams = _Beams(
         sent_ids=torch.arange(B),
@@ -351,11 +506,13 @@ def beam_search(
         max_len=batch.max_len,
     )
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+
+    def pick(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+        return pick_tokens(logits, special, 2 * beam_size, no_eos, at_limit)
+
     step = 0
     while beams.sent_ids.numel() > 0:
-        lprobs, tokens = _next_tokens(
-            model, batch, beams.tokens[:, -1], step, special, 2 * beam_size
-        )
+        lprobs, tokens = _next_tokens(model, batch, beams.tokens[:, -1], step, special, pick)
         cands = _top_candidates(lprobs, tokens, beams.scores, beam_size)
         step += 1
         accept = _accept_eos(cands, beams.n_finished, beam_size, special.eos)  # (B, K)

@@ -15,9 +15,18 @@ import torch
 from torch import Tensor, nn
 
 from common import runtime
-from data.batching import encode_source_batch
+from data.batching import encode_source_batch, pad_rows
 from data.tokenizer import Tokenizer
-from decoding.search import Hypothesis, SearchConfig, beam_search, greedy_search
+from decoding.alignment import Alignment, word_alignment
+from decoding.scoring import TokenScores, score_batch
+from decoding.search import (
+    Hypothesis,
+    SearchConfig,
+    beam_search,
+    greedy_search,
+    prefix_tensor,
+    sample_search,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +48,9 @@ class SentenceAttention(NamedTuple):
 
 
 class Translator:
-    """Translates lists of sentences with greedy or beam search (`search_cfg.beam_size`).
+    """Translates lists of sentences with greedy or beam search (`search_cfg.beam_size`), or
+    samples translations (`search_cfg.sampling`); scores given translations (`score`) and
+    aligns words through cross-attention (`align`).
 
     Sentences are sorted by length and searched in batches of `search_cfg.batch_size`, so
     that padding stays small; results come back in input order. Greedy search on a model that
@@ -47,6 +58,10 @@ class Translator:
     with `inter_threads` 1, keeps `batch_size` sentences in flight instead: a finished
     sentence's row takes the next one at once, with the same outputs up to float rounding.
     Empty (or whitespace-only) sentences give empty translations without reaching the model.
+    A target prefix per sentence (`prefixes`) is forced, then searched on (`decoding.search`).
+    Sampling draws from one random generator seeded with `search_cfg.seed` when the
+    `Translator` is made, so the same inputs in the same order give the same samples; it
+    searches one batch at a time whatever `inter_threads` says.
     The model is put in eval mode while translating and restored afterwards, so a trainer can
     call this mid-training.
 
@@ -86,23 +101,34 @@ class Translator:
         self.device = torch.device(device) if device is not None else _device_of(model)
         self.inter_threads = inter_threads
         self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
+        self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
     def translate(self, sentences: list[str]) -> list[str]:
         """The best translation of each sentence, in input order."""
         return [nbest[0].text for nbest in self.translate_nbest(sentences)]
 
     def translate_nbest(
-        self, sentences: list[str], progress: Callable[[int], object] | None = None
+        self,
+        sentences: list[str],
+        progress: Callable[[int], object] | None = None,
+        prefixes: list[str] | None = None,
     ) -> list[list[TextHypothesis]]:
         """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
 
         An empty sentence gets one empty hypothesis with score 0. `progress(n)` is called
         as sentences are done (n at a time; the counts add up to `len(sentences)`).
+        `prefixes` (one per sentence, "" for none) are the start of each translation: their
+        subwords are forced, and the translations include them.
         """
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not a string")
         src_ids = self.tokenizer.encode_src([s.strip() for s in sentences])
-        hypotheses = self.search_ids(src_ids, progress)
+        prefix_ids = None
+        if prefixes is not None:
+            if len(prefixes) != len(sentences):
+                raise ValueError(f"{len(prefixes)} prefixes for {len(sentences)} sentences")
+            prefix_ids = self.tokenizer.encode_tgt([p.strip() for p in prefixes])
+        hypotheses = self.search_ids(src_ids, progress, prefix_ids)
         tokens = [hyp.tokens for nbest in hypotheses for hyp in nbest]
         texts = iter(self.tokenizer.decode_tgt(tokens) if tokens else [])
         return [
@@ -111,19 +137,25 @@ class Translator:
         ]
 
     def search_ids(
-        self, src_ids: list[list[int]], progress: Callable[[int], object] | None = None
+        self,
+        src_ids: list[list[int]],
+        progress: Callable[[int], object] | None = None,
+        prefix_ids: list[list[int]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Search source id lists (no specials) in length-sorted batches; input order out.
 
         `progress(n)`, if given, is called with the number of empty sentences first, then
         after each batch with its size (greedy with continuous batching: as sentences finish).
+        `prefix_ids` are forced target ids per sentence (None: no prefixes).
         """
+        if prefix_ids is not None and not any(prefix_ids):
+            prefix_ids = None
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
         batches = length_sorted_batches(src_ids, self.search_cfg.batch_size)
         n_empty = len(src_ids) - sum(len(chunk) for chunk in batches)
         if progress is not None and n_empty:
             progress(n_empty)
-        if self._continuous():
+        if self._continuous() and prefix_ids is None:
             order = [i for chunk in batches for i in chunk]
             with self._eval_mode():
                 sources = [src_ids[i] for i in order]
@@ -133,7 +165,8 @@ class Translator:
                 results[i] = nbest
             return results
         with self._eval_mode():
-            for chunk, found in zip(batches, self._search_all(src_ids, batches), strict=True):
+            searched = self._search_all(src_ids, batches, prefix_ids)
+            for chunk, found in zip(batches, searched, strict=True):
                 for i, nbest in zip(chunk, found, strict=True):
                     results[i] = nbest
                 if progress is not None:
@@ -146,18 +179,28 @@ class Translator:
         a time."""
         return (
             self.search_cfg.beam_size == 1
+            and not self.search_cfg.sampling
             and self.inter_threads == 1
             and getattr(self.model, "continuous_batching", False)
         )
 
     def _search_all(
-        self, src_ids: list[list[int]], batches: list[list[int]]
+        self,
+        src_ids: list[list[int]],
+        batches: list[list[int]],
+        prefix_ids: list[list[int]] | None = None,
     ) -> Iterator[list[list[Hypothesis]]]:
         """Each batch's hypotheses, in batch order: one after the other, or `inter_threads`
-        at once on a thread pool, torch's intra-op threads divided among them meanwhile."""
-        if self.inter_threads == 1 or len(batches) < 2:
+        at once on a thread pool, torch's intra-op threads divided among them meanwhile
+        (never when sampling: one generator draws for every batch, in order)."""
+
+        def search(chunk: list[int]) -> list[list[Hypothesis]]:
+            prefix = None if prefix_ids is None else [prefix_ids[i] for i in chunk]
+            return self._search([src_ids[i] for i in chunk], prefix)
+
+        if self.inter_threads == 1 or len(batches) < 2 or self.search_cfg.sampling:
             for chunk in batches:
-                yield self._search([src_ids[i] for i in chunk])
+                yield search(chunk)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.inter_threads, thread_name_prefix="search")
@@ -165,13 +208,13 @@ class Translator:
         threads = torch.get_num_threads()
         intra = max(1, threads // self.inter_threads)
 
-        def search(chunk: list[int]) -> list[list[Hypothesis]]:
+        def search_in_thread(chunk: list[int]) -> list[list[Hypothesis]]:
             torch.set_num_threads(intra)  # OpenMP's team size is per thread: set it in each
             with context():
-                return self._search([src_ids[i] for i in chunk])
+                return search(chunk)
 
         try:  # the workers' set_num_threads changes torch's process-wide count too
-            yield from self._pool.map(search, batches)
+            yield from self._pool.map(search_in_thread, batches)
         finally:
             torch.set_num_threads(threads)
 
@@ -200,12 +243,76 @@ class Translator:
             cross,
         )
 
-    def _search(self, batch: list[list[int]]) -> list[list[Hypothesis]]:
-        cfg = self.search_cfg
-        src = encode_source_batch(batch, self.tokenizer.special).to(self.device)  # (B, S)
+    def _search(
+        self, batch: list[list[int]], prefix_ids: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        cfg, special = self.search_cfg, self.tokenizer.special
+        src = encode_source_batch(batch, special).to(self.device)  # (B, S)
+        prefix = None if prefix_ids is None else prefix_tensor(prefix_ids, self.device)  # (B, P)
+        if cfg.sampling:
+            return sample_search(self.model, src, special, cfg, prefix, self.generator).hypotheses
         search = greedy_search if cfg.beam_size == 1 else beam_search
-        result = search(self.model, src, self.tokenizer.special, cfg)
-        return result.hypotheses
+        return search(self.model, src, special, cfg, prefix).hypotheses
+
+    def score(self, sentences: list[str], translations: list[str]) -> list[TokenScores]:
+        """Scores of given translations (teacher-forced, no search), in input order: the
+        log-probability of each translation's subwords and EOS, and that divided by the
+        length penalty of `search_cfg` (the `score` search reports for the same output).
+        A pair whose source and translation are both empty scores 0 without the model."""
+        if len(sentences) != len(translations):
+            raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
+        src_ids = self.tokenizer.encode_src([s.strip() for s in sentences])
+        tgt_ids = self.tokenizer.encode_tgt([t.strip() for t in translations])
+        return self.score_ids(src_ids, tgt_ids)
+
+    def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[TokenScores]:
+        """`score` on id lists (no specials)."""
+        results = [TokenScores(0.0, 0.0, []) for _ in src_ids]
+        pairs = [i for i in range(len(src_ids)) if src_ids[i] or tgt_ids[i]]
+        pairs.sort(key=lambda i: -(len(src_ids[i]) + len(tgt_ids[i])))
+        size = self.search_cfg.batch_size
+        with self._eval_mode():
+            for start in range(0, len(pairs), size):
+                chunk = pairs[start : start + size]
+                scores = score_batch(
+                    self.model,
+                    [src_ids[i] for i in chunk],
+                    [tgt_ids[i] for i in chunk],
+                    self.tokenizer.special,
+                    self.search_cfg,
+                    self.device,
+                )
+                for i, scored in zip(chunk, scores, strict=True):
+                    results[i] = scored
+        return results
+
+    def align(
+        self, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int | None = None
+    ) -> list[Alignment]:
+        """Word alignments (`decoding.alignment`) of sources and their translations (id lists,
+        no specials) from the cross-attention of decoder layer `layer` (0-based; negative
+        counts from the top; None: the penultimate, see `decoding.alignment`), averaged over
+        heads; teacher-forced, in batches of `batch_size`."""
+        special = self.tokenizer.special
+        results: list[Alignment] = [[] for _ in src_ids]
+        pairs = [i for i in range(len(src_ids)) if src_ids[i] and tgt_ids[i]]
+        size = self.search_cfg.batch_size
+        with self._eval_mode(), torch.inference_mode():
+            for start in range(0, len(pairs), size):
+                chunk = pairs[start : start + size]
+                src = encode_source_batch([src_ids[i] for i in chunk], special).to(self.device)
+                tgt_rows = [tgt_ids[i] for i in chunk]
+                tgt_in = pad_rows(tgt_rows, special.pad, prefix=[special.bos]).to(self.device)
+                maps = self.model.attention_maps(src, tgt_in).cross  # L x (B, H, T, S)
+                weights = maps[_layer_index(layer, len(maps))].float().mean(dim=1).cpu()
+                for row, i in enumerate(chunk):
+                    cross = weights[row, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
+                    results[i] = word_alignment(
+                        cross,
+                        self.tokenizer.src_pieces(src_ids[i]),
+                        self.tokenizer.tgt_pieces(tgt_ids[i]),
+                    )
+        return results
 
     @contextmanager
     def _eval_mode(self) -> Iterator[None]:
@@ -223,6 +330,15 @@ def length_sorted_batches(src_ids: list[list[int]], batch_size: int) -> list[lis
     first, `batch_size` at a time (benchmarks give peers the same batches)."""
     order = sorted((i for i, ids in enumerate(src_ids) if ids), key=lambda i: -len(src_ids[i]))
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _layer_index(layer: int | None, n_layers: int) -> int:
+    """`layer` (negative: from the top; None: the penultimate, or the only one) as an index."""
+    if layer is None:
+        return max(0, n_layers - 2)
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(f"alignment layer {layer} does not exist: the decoder has {n_layers}")
+    return layer % n_layers
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:
