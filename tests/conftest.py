@@ -2,18 +2,24 @@
 
 `tiny_config(**overrides)` and `tiny_model(**overrides)` are fixtures that return factories:
 `tiny_model(norm_first=True)`, or, for search tests, `tiny_model(seed=2, **SEARCH_MODEL)`
-(`tests.helpers_decoding`). Test helpers are imported as `from tests.<module> import ...`
+(`tests.helpers_decoding`). `tokenizer`, `model` and `checkpoint` are what the translate.py
+tests run: a tiny SentencePiece model on `PAIRS`, the search model with its vocabulary, and
+both saved as a run dir's `checkpoints/best.pt`. Test helpers are imported as `from tests.<module> import ...`
 (tests/ is a package), which works under both `pytest` and `python -m pytest`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
+from checkpoint import model_payload, save_checkpoint
+from data.tokenizer import Tokenizer
 from model import ModelConfig, Transformer
+from tests.helpers_decoding import SEARCH_MODEL, tiny_tokenizer
 
 VOCAB = 40  # source = target vocabulary of the tiny model; id 0 is pad
 
@@ -72,3 +78,20 @@ def tiny_config() -> Callable[..., ModelConfig]:
 @pytest.fixture(scope="session")
 def tiny_model() -> Callable[..., Transformer]:
     return make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return tiny_tokenizer(tmp_path_factory.mktemp("spm"))
+
+
+@pytest.fixture(scope="session")
+def model(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
+    return tiny_model(vocab_size=tokenizer.src_vocab_size, seed=2, **SEARCH_MODEL)
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory, model, tokenizer) -> Path:  # noqa: ANN001
+    path = tmp_path_factory.mktemp("run") / "checkpoints" / "best.pt"
+    save_checkpoint(path, model_payload(model, tokenizer))
+    return path

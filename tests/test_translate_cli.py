@@ -44,23 +44,6 @@ def one_thread() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    return tiny_tokenizer(tmp_path_factory.mktemp("spm"))
-
-
-@pytest.fixture(scope="session")
-def model(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
-    return tiny_model(vocab_size=tokenizer.src_vocab_size, seed=2, **SEARCH_MODEL)
-
-
-@pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory, model, tokenizer) -> Path:  # noqa: ANN001
-    path = tmp_path_factory.mktemp("run") / "checkpoints" / "best.pt"
-    save_checkpoint(path, model_payload(model, tokenizer))
-    return path
-
-
-@pytest.fixture(scope="session")
 def model_b(tokenizer: Tokenizer, tiny_model) -> torch.nn.Module:  # noqa: ANN001
     """A second model for ensembles: same tokenizer, another size (wider, deeper decoder)."""
     vocab = tokenizer.src_vocab_size
