@@ -1,0 +1,78 @@
+"""Scoring given translations (`translate.py --score`) against beam search on the same input,
+in one process, interleaved: sentences/s of each (median and range over the repeats), and
+whether scoring the beam's own n-best lists gives the search's scores back.
+
+    python -m benchmarks.bench_score -c RUN_DIR --src test2016.en --ref test2016.de --beam 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from common.errors import exit_status
+from common.files import read_lines
+from common.memory import keep_freed_memory
+from decoding.config import SearchConfig
+from decoding.translator import Translator
+from engine import load_engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    return exit_status("bench_score.py", lambda: run(argv))
+
+
+def run(argv: list[str] | None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-c", "--checkpoint", required=True, help="run dir or .pt file")
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument("--ref", required=True, help="their reference translations (scored)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as translate.py does on the CPU
+    model, tokenizer = load_engine([args.checkpoint], "cpu")
+    src, refs = read_lines(args.src, "--src"), read_lines(args.ref, "--ref")
+    cfg = SearchConfig(beam_size=args.beam, nbest=args.beam, batch_size=args.batch_size)
+    translator = Translator(model, tokenizer, cfg)
+
+    times: dict[str, list[float]] = {"beam search": [], "score references": []}
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        nbest = translator.translate_nbest(src)
+        times["beam search"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        translator.score(src, refs)
+        times["score references"].append(time.perf_counter() - start)
+    print(
+        f"{len(src)} sentences, beam {args.beam}, batch {args.batch_size}, {args.threads} threads"
+    )
+    rates = {}
+    for name, seconds in times.items():
+        rates[name] = [len(src) / s for s in seconds]
+        lo, mid, hi = min(rates[name]), statistics.median(rates[name]), max(rates[name])
+        print(f"{name:>18}: {mid:8.1f} sentences/s (range {lo:.1f}-{hi:.1f})")
+    speedup = statistics.median(rates["score references"]) / statistics.median(rates["beam search"])
+    print(f"scoring / beam search: {speedup:.1f}x")
+
+    # The search's own n-best lists, scored: from the ids, and from the text (re-tokenized).
+    hyps = [(i, h) for i, hs in enumerate(nbest) for h in hs]
+    src_ids = tokenizer.encode_src(src)
+    by_ids = translator.score_ids([src_ids[i] for i, _ in hyps], [h.tokens for _, h in hyps])
+    diffs = [abs(s.score - h.score) for (_, h), s in zip(hyps, by_ids, strict=True)]
+    print(f"{len(hyps)} n-best hypotheses scored from their ids: max |score diff| {max(diffs):.2e}")
+    by_text = translator.score([src[i] for i, _ in hyps], [h.text for _, h in hyps])
+    same = sum(
+        f"{s.score:.4f}" == f"{h.score:.4f}" for (_, h), s in zip(hyps, by_text, strict=True)
+    )
+    print(f"  from their text (as --score reads them): {same}/{len(hyps)} equal to 4 decimals")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
