@@ -58,6 +58,8 @@ class Service:
     limits: Limits
     count_tokens: Callable[[list[str]], int]  # longest of the sentences, in source tokens
     info: dict[str, Any] = field(default_factory=dict)
+    in_flight: int = 0  # /translate and /attention requests received and not yet answered
+    answered: int = 0  # ... answered (with a result or an error)
 
 
 def create_app(service: Service, on_startup: Callable[[], None] | None = None) -> Starlette:
@@ -69,6 +71,19 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
             on_startup()
         yield
         await asyncio.to_thread(service.batcher.close)
+
+    def counted(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        """`handler`, counted in `in_flight` from the moment its headers are in."""
+
+        async def run(request: Request) -> JSONResponse:
+            service.in_flight += 1  # the event loop's thread only: no lock needed
+            try:
+                return await handler(request)
+            finally:
+                service.in_flight -= 1
+                service.answered += 1
+
+        return run
 
     async def translate(request: Request) -> JSONResponse:
         body = await _read_json(request, service.limits.max_body)
@@ -112,7 +127,15 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
         return JSONResponse(await _submit(service.batcher, Job(cfg, [sentence], attention=True)))
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "queued": service.batcher.queued})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "in_flight": service.in_flight,
+                "queued": service.batcher.queued,
+                "answered": service.answered,
+                "batches": service.batcher.batches,
+            }
+        )
 
     async def info(request: Request) -> JSONResponse:
         limits = service.limits._asdict()
@@ -122,8 +145,8 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
         return FileResponse(STATIC / "index.html")
 
     routes = [
-        Route("/translate", translate, methods=["POST"]),
-        Route("/attention", attention, methods=["POST"]),
+        Route("/translate", counted(translate), methods=["POST"]),
+        Route("/attention", counted(attention), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),
         Route("/", page, methods=["GET"]),

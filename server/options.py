@@ -25,20 +25,21 @@ class OptionError(UserError):
     """A request option that is unknown or invalid; the message names it."""
 
 
-def option_names() -> list[str]:
-    """The option names a request may use, in `SearchConfig`'s field order."""
-    return [f.name for f in fields(SearchConfig) if f.name not in SERVER_OWNED]
+def option_names(config_type: type = SearchConfig) -> list[str]:
+    """The option names a request may use, in the field order of `config_type`."""
+    return [f.name for f in fields(config_type) if f.name not in SERVER_OWNED]
 
 
 def search_config(options: dict[str, Any], defaults: SearchConfig) -> SearchConfig:
-    """`defaults` with `options` (request key -> JSON value) applied and validated.
+    """`defaults` with `options` (request key -> JSON value) applied and validated; the
+    options are the fields of `type(defaults)` (`SearchConfig`, or a subclass).
 
     Raises:
         OptionError: a key that is not an option, a value of the wrong type, or a value that
             `SearchConfig` rejects (e.g. nbest > beam_size); the message names the key.
     """
-    hints = get_type_hints(SearchConfig)
-    known = option_names()
+    hints = get_type_hints(type(defaults))
+    known = option_names(type(defaults))
     values = {}
     for key, value in options.items():
         if key in SERVER_OWNED:
@@ -54,7 +55,7 @@ def search_config(options: dict[str, Any], defaults: SearchConfig) -> SearchConf
 
 def as_dict(cfg: SearchConfig) -> dict[str, Any]:
     """The request options `cfg` amounts to (what a response reports back)."""
-    return {name: getattr(cfg, name) for name in option_names()}
+    return {name: getattr(cfg, name) for name in option_names(type(cfg))}
 
 
 def _checked(key: str, value: Any, kind: Any) -> Any:
