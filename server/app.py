@@ -101,7 +101,7 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
         _check_lengths(sentences, limits.max_chars, "sentences")
         cfg = _options(body, service)
         _check_output_budget(cfg, sentences, service)
-        hyps = await _submit(service.batcher, Job(cfg, sentences))
+        hyps = await _submit(service.batcher, Job(cfg, sentences)) if sentences else []
         answer: dict[str, Any] = {
             "translations": [nbest[0][0] for nbest in hyps],
             "scores": [nbest[0][1] for nbest in hyps],

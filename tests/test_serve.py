@@ -167,6 +167,9 @@ def test_translations_equal_translate_py(server: str, run_dir: Path) -> None:
     assert got == expected
     assert beam["translations"] == [nbest[0]["translation"] for nbest in beam["nbest"]]
     assert beam["options"] == {**as_dict(SearchConfig(beam_size=1)), **options}
+    assert post(server, "/translate", {"sentences": []}) == (
+        200, {"translations": [], "scores": [], "options": greedy["options"]}
+    )  # fmt: skip
 
 
 BAD_REQUESTS = [

@@ -137,6 +137,7 @@ def main(argv: list[str]) -> int:
         return 1
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         browser = start_browser(Path(profile))
+        browser.set_window_size(1100, 1500)  # the heatmap below the translations, in view
         try:
             shown = translate_on_page(browser, url.rstrip("/"), "\n".join(sentences))
             browser.save_screenshot(out)

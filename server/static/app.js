@@ -124,7 +124,7 @@ function matrix() {
   return out.map((row) => row.map((w) => w / n));
 }
 
-// Viridis-like ramp, 0 = light, 1 = dark.
+// A white-green-blue ramp, 0 = white, 1 = dark blue.
 const STOPS = [[255, 255, 255], [199, 233, 180], [65, 182, 196], [34, 94, 168], [8, 29, 88]];
 function color(w) {
   const x = Math.min(1, Math.max(0, w)) * (STOPS.length - 1);
@@ -155,8 +155,10 @@ function draw() {
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, width, height);
+  // Colours span 0 .. the largest weight shown (as matplotlib's imshow scales by default).
+  const top_weight = Math.max(1e-6, ...weights.map((row) => Math.max(...row)));
   weights.forEach((row, t) => row.forEach((w, s) => {
-    ctx.fillStyle = color(w);
+    ctx.fillStyle = color(w / top_weight);
     ctx.fillRect(left + s * cell, top + t * cell, cell, cell);
   }));
   ctx.strokeStyle = "#c9ced6";
@@ -174,6 +176,7 @@ function draw() {
     ctx.fillText(p, 0, 0);
     ctx.restore();
   });
+  $("scale").textContent = `darkest = ${top_weight.toFixed(2)}`;
   Object.assign(canvas.dataset, {
     rows: String(tgt.length), cols: String(src.length),
     layer: $("layer").value, head: $("head").value,
