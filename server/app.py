@@ -60,6 +60,7 @@ class Service:
     info: dict[str, Any] = field(default_factory=dict)
     in_flight: int = 0  # /translate and /attention requests received and not yet answered
     answered: int = 0  # ... answered (with a result or an error)
+    cancelled: int = 0  # ... dropped unanswered (shutdown timeout, client gone)
 
 
 def create_app(service: Service, on_startup: Callable[[], None] | None = None) -> Starlette:
@@ -78,10 +79,19 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
         async def run(request: Request) -> JSONResponse:
             service.in_flight += 1  # the event loop's thread only: no lock needed
             try:
-                return await handler(request)
+                answer = await handler(request)
+            except asyncio.CancelledError:  # uvicorn's --shutdown-timeout ran out: say so
+                service.cancelled += 1
+                message = "the server stopped before this request was complete; retry"
+                return JSONResponse({"error": message}, 503)
+            except BaseException:
+                service.answered += 1  # an error answer
+                raise
+            else:
+                service.answered += 1
+                return answer
             finally:
                 service.in_flight -= 1
-                service.answered += 1
 
         return run
 

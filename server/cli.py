@@ -127,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest output length budget, int(max_len_a * source tokens + max_len_b), a "
         "request may ask for (default: 1024)",
     )
+    add(
+        "--shutdown-timeout",
+        type=_at_least(1, float),
+        default=120.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long to wait for the requests already received "
+        "(a client that never finishes sending cannot hold the server up longer) "
+        "(default: 120)",
+    )
     return parser
 
 
@@ -257,7 +266,9 @@ def run(args: argparse.Namespace) -> None:
         )
 
     app = create_app(service, on_startup=ready)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None, lifespan="on")
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on"
+    )
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it has shut down, with the handler
     # that was installed before it started: this one, so that a graceful stop exits 0.
@@ -267,7 +278,14 @@ def run(args: argparse.Namespace) -> None:
     server.run(sockets=[sock])
     if not server.started:
         raise UserError("the server did not start (see the messages above)")
-    print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
+    if service.cancelled:
+        print(
+            f"{PROG}: stopped; {service.cancelled} request(s) still unanswered after "
+            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -337,6 +337,25 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir: Path) -> N
             request(url, "GET", "/health")
 
 
+def test_a_client_that_stops_sending_cannot_keep_the_server_from_stopping(run_dir: Path) -> None:
+    """Half a body, then silence: after --shutdown-timeout it gets a 503, the server exits 0."""
+    with serve(run_dir, "--shutdown-timeout", "1") as served:
+        host, port = served.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{")
+            deadline = time.monotonic() + 60
+            while request(served.url, "GET", "/health")[1]["in_flight"] < 1:
+                assert time.monotonic() < deadline, "the request never arrived"
+                time.sleep(0.02)
+            served.process.send_signal(signal.SIGTERM)
+            assert served.process.wait(timeout=60) == 0
+            reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 503"), reply
+        assert b"stopped before this request was complete" in reply
+        err = served.process.stderr.read()
+        assert "1 request(s) still unanswered after --shutdown-timeout 1 s" in err, err
+
+
 def test_startup_mistakes_are_one_line_errors(run_dir: Path, tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
