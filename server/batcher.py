@@ -8,7 +8,8 @@ Handlers `submit` jobs from the event loop; the model thread takes the oldest jo
 - a job is never split across batches, and a batch holds jobs of one `SearchConfig` only
   (jobs with other options wait, in arrival order, for a later batch);
 - every submitted job gets its result or its exception exactly once, also when the server
-  shuts down: `close` lets the thread finish every queued job before it returns;
+  shuts down (`close` lets the thread finish every queued job before it returns), unless its
+  future was cancelled while it waited: then it is dropped without a model call;
 - at most `max_queue` jobs wait; beyond that `submit` raises `QueueFull`.
 
 `one_request` (serve.py --no-batching) makes every batch one job, for the load comparison.
@@ -152,6 +153,11 @@ class Batcher:
         return added
 
     def _run(self, batch: list[Job]) -> None:
+        # A job whose request was cancelled while it waited is dropped; the others' futures
+        # can no longer be cancelled, so setting their results cannot fail.
+        batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not batch:
+            return
         self.batches += 1
         try:
             if batch[0].attention:

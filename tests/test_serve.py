@@ -450,19 +450,22 @@ def test_batcher_without_batching_runs_one_request_per_call() -> None:
     assert futures[1].result() == ["B", "C"]
 
 
-def test_batcher_limits_its_queue_and_survives_a_failing_batch() -> None:
+def test_batcher_limits_its_queue_drops_cancelled_jobs_and_survives_a_failing_batch() -> None:
     model = ScriptedModel()
-    batcher = Batcher(model.translate, model.attention, 8, 0.0, 2)
+    batcher = Batcher(model.translate, model.attention, 8, 0.0, 3)
     cfg = SearchConfig(beam_size=1)
     first = batcher.submit(Job(cfg, ["a"]))
     assert model.started.wait(10)
     failing = batcher.submit(Job(cfg, ["boom"]))
     other = batcher.submit(Job(SearchConfig(beam_size=2), ["x"]))
+    gone = batcher.submit(Job(SearchConfig(beam_size=3), ["gone"]))
     with pytest.raises(QueueFull):
         batcher.submit(Job(cfg, ["too many"]))
+    assert gone.cancel()  # its client left while it waited: no model call, no error
     model.release.set()
     batcher.close()  # finishes what is queued
     assert first.result() == ["A"] and other.result() == ["X"]
+    assert ["gone"] not in [sentences for _, sentences in model.calls]
     with pytest.raises(RuntimeError, match="boom"):
         failing.result()
 
