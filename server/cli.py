@@ -156,7 +156,6 @@ def bind(host: str, port: int) -> socket.socket:
             f"cannot listen on {host}:{port} ({e.strerror}); pass another --port"
         ) from None
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
@@ -166,7 +165,7 @@ def model_info(path: str) -> dict[str, Any]:
     from checkpoint import load_checkpoint, resolve_checkpoint
 
     file = resolve_checkpoint(path)
-    ckpt = load_checkpoint(file)
+    ckpt = load_checkpoint(file)  # read again by load_engine: once, at startup
     config = ckpt.get("config") or {}
     data = config.get("data") or {}
     model_cfg = ckpt["model_config"]
@@ -195,7 +194,10 @@ def run(args: argparse.Namespace) -> None:
     requests already received are answered)."""
     defaults = search_config(args)
     if defaults.beam_size > args.max_beam:
-        raise UserError(f"--beam {defaults.beam_size} is above --max-beam {args.max_beam}")
+        raise UserError(
+            f"--beam {defaults.beam_size} is above --max-beam {args.max_beam}; lower --beam "
+            "or raise --max-beam"
+        )
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
 
@@ -271,10 +273,10 @@ def run(args: argparse.Namespace) -> None:
     )
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it has shut down, with the handler
-    # that was installed before it started: this one, so that a graceful stop exits 0.
-    stopped_by: list[int] = []
+    # that was installed before it started: this one, so that a graceful stop exits 0. (A
+    # signal before uvicorn installs its own handlers makes it stop as soon as it starts.)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stopped_by.append(signum))
+        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
     server.run(sockets=[sock])
     if not server.started:
         raise UserError("the server did not start (see the messages above)")
