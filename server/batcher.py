@@ -6,7 +6,8 @@ Handlers `submit` jobs from the event loop; the model thread takes the oldest jo
 
 - one model call at a time: only the model thread calls `translate` / `attention`;
 - a job is never split across batches, and a batch holds jobs of one `SearchConfig` only
-  (jobs with other options wait, in arrival order, for a later batch);
+  (jobs with other options wait, in arrival order, for a later batch); a job that samples
+  has a batch of its own (`runs_alone`);
 - every submitted job gets its result or its exception exactly once, also when the server
   shuts down (`close` lets the thread finish every queued job before it returns), unless its
   future was cancelled while it waited: then it is dropped without a model call;
@@ -34,6 +35,14 @@ logger = logging.getLogger(__name__)
 # translate(cfg, sentences) -> one result per sentence, in order; attention(cfg, sentence)
 Translate = Callable[[SearchConfig, list[str]], list[Any]]
 Attention = Callable[[SearchConfig, str], Any]
+
+
+def runs_alone(cfg: SearchConfig) -> bool:
+    """Whether a request with these options gets a batch of its own: one that samples (a
+    `sampling` field, where `SearchConfig` has one), since a batch draws from one generator
+    seeded once, so a request's samples would depend on the requests batched with it; alone,
+    they are `translate.py`'s for the same sentences and seed."""
+    return bool(getattr(cfg, "sampling", False))
 
 
 class QueueFull(Exception):
@@ -125,7 +134,7 @@ class Batcher:
                 self._cond.wait()
             first = self._pending.popleft()
             batch = [first]
-            if first.attention or self.one_request:
+            if first.attention or self.one_request or runs_alone(first.cfg):
                 return batch
             size = len(first.sentences)
             deadline = time.monotonic() + self.wait

@@ -485,6 +485,21 @@ class FutureSearchConfig(SearchConfig):
     method: Literal["beam", "sample"] = _new_option("beam")
 
 
+def test_batcher_gives_a_request_that_samples_a_batch_of_its_own() -> None:
+    """Batched, a request's samples would depend on its neighbours: sampling runs alone."""
+    model = ScriptedModel()
+    batcher = Batcher(model.translate, model.attention, 8, 0.05, 10)
+    sample, greedy = FutureSearchConfig(sampling=True), FutureSearchConfig(beam_size=1)
+    futures = [batcher.submit(Job(greedy, ["a"]))]
+    assert model.started.wait(10)
+    for job in [Job(sample, ["b"]), Job(sample, ["c"]), Job(greedy, ["d"]), Job(greedy, ["e"])]:
+        futures.append(batcher.submit(job))
+    model.release.set()
+    batcher.close()
+    assert [sentences for _, sentences in model.calls] == [["a"], ["b"], ["c"], ["d", "e"]]
+    assert [f.result() for f in futures] == [["A"], ["B"], ["C"], ["D"], ["E"]]
+
+
 def test_options_are_the_config_fields_whatever_they_are() -> None:
     defaults = FutureSearchConfig()
     cfg = search_config(
