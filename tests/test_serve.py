@@ -476,20 +476,45 @@ def _new_option(default: Any) -> Any:
 
 @dataclass
 class FutureSearchConfig(SearchConfig):
-    """SearchConfig with fields of the kinds a later change may add."""
+    """SearchConfig with fields of the kinds a later change may add (names of its own, so that
+    they stay new whatever SearchConfig gains)."""
 
     sampling: bool = _new_option(False)
-    topk: int = _new_option(0)
-    temperature: float = _new_option(1.0)
-    seed: int | None = _new_option(None)
-    method: Literal["beam", "sample"] = _new_option("beam")
+    extra_flag: bool = _new_option(False)
+    extra_k: int = _new_option(0)
+    extra_scale: float = _new_option(1.0)
+    extra_seed: int | None = _new_option(None)
+    extra_method: Literal["beam", "sample"] = _new_option("beam")
+
+
+def test_options_are_the_config_fields_whatever_they_are() -> None:
+    defaults = FutureSearchConfig()
+    options = {"extra_flag": True, "extra_k": 5, "extra_scale": 1, "extra_seed": 3}
+    cfg = search_config({**options, "extra_method": "sample"}, defaults)
+    assert (cfg.extra_flag, cfg.extra_k, cfg.extra_scale, cfg.extra_seed, cfg.extra_method) == (
+        True, 5, 1.0, 3, "sample"
+    )  # fmt: skip
+    assert isinstance(cfg.extra_scale, float)
+    assert search_config({"extra_seed": None}, cfg).extra_seed is None
+    assert "extra_scale" in as_dict(cfg) and "batch_size" not in as_dict(cfg)
+    for options, words in [
+        ({"extra_flag": 1}, ["'extra_flag'", "true or false"]),
+        ({"extra_seed": 1.5}, ["'extra_seed'", "an integer or null"]),
+        ({"extra_method": "greedy"}, ["'extra_method'", "'sample'"]),
+        ({"extra_scale": "hot"}, ["'extra_scale'", "finite number"]),
+        ({"no_such_option": 0.9}, ["unknown option 'no_such_option'", "extra_scale"]),
+    ]:
+        with pytest.raises(OptionError) as error:
+            search_config(options, defaults)
+        assert all(word in str(error.value) for word in words), str(error.value)
 
 
 def test_batcher_gives_a_request_that_samples_a_batch_of_its_own() -> None:
     """Batched, a request's samples would depend on its neighbours: sampling runs alone."""
     model = ScriptedModel()
     batcher = Batcher(model.translate, model.attention, 8, 0.05, 10)
-    sample, greedy = FutureSearchConfig(sampling=True), FutureSearchConfig(beam_size=1)
+    sample = FutureSearchConfig(beam_size=1, sampling=True)
+    greedy = FutureSearchConfig(beam_size=1)
     futures = [batcher.submit(Job(greedy, ["a"]))]
     assert model.started.wait(10)
     for job in [Job(sample, ["b"]), Job(sample, ["c"]), Job(greedy, ["d"]), Job(greedy, ["e"])]:
@@ -498,25 +523,3 @@ def test_batcher_gives_a_request_that_samples_a_batch_of_its_own() -> None:
     batcher.close()
     assert [sentences for _, sentences in model.calls] == [["a"], ["b"], ["c"], ["d", "e"]]
     assert [f.result() for f in futures] == [["A"], ["B"], ["C"], ["D"], ["E"]]
-
-
-def test_options_are_the_config_fields_whatever_they_are() -> None:
-    defaults = FutureSearchConfig()
-    cfg = search_config(
-        {"sampling": True, "topk": 5, "temperature": 1, "seed": 3, "method": "sample"}, defaults
-    )
-    assert (cfg.sampling, cfg.topk, cfg.temperature, cfg.seed, cfg.method) == (
-        True, 5, 1.0, 3, "sample"
-    )  # fmt: skip
-    assert isinstance(cfg.temperature, float) and search_config({"seed": None}, cfg).seed is None
-    assert "temperature" in as_dict(cfg) and "batch_size" not in as_dict(cfg)
-    for options, words in [
-        ({"sampling": 1}, ["'sampling'", "true or false"]),
-        ({"seed": 1.5}, ["'seed'", "an integer or null"]),
-        ({"method": "greedy"}, ["'method'", "'sample'"]),
-        ({"temperature": "hot"}, ["'temperature'", "finite number"]),
-        ({"topp": 0.9}, ["unknown option 'topp'", "temperature"]),
-    ]:
-        with pytest.raises(OptionError) as error:
-            search_config(options, defaults)
-        assert all(word in str(error.value) for word in words), str(error.value)
