@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = {"common", "model", "data", "checkpoint", "engine", "decoding", "exporting", "evaluation"}
-OURS |= {"training", "benchmarks"}
+OURS |= {"training", "benchmarks", "server"}
 
 # package -> the packages of ours it may import (docs/architecture.md, "Packages")
 ALLOWED = {
@@ -24,6 +24,7 @@ ALLOWED = {
     "decoding": {"common", "model", "data", "checkpoint", "engine", "evaluation"},
     "exporting": {"common", "model", "data", "checkpoint", "decoding"},
     "training": {"common", "model", "data", "checkpoint", "engine", "decoding", "evaluation"},
+    "server": {"common", "data", "checkpoint", "engine", "decoding", "evaluation"},
 }
 # engine implements decoding's search core; the rest of decoding loads models through engine
 ENGINE_MAY_IMPORT = {"decoding.config", "decoding.search", "decoding.ensemble"}

@@ -1,0 +1,298 @@
+"""The `serve.py` command line: its flags, loading the model once, and running the server.
+
+The search flags (`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in
+translate.py, and set the server's default options, which each request may override
+(`server.options`); `--batch-size` bounds the sentences of one dynamic batch. Flags, the
+checkpoint and the port are checked before the model loads; every user mistake raises
+`UserError` (one line, exit 1) or exits 2 for a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from common.errors import UserError
+from decoding.cli import PRECISIONS, QUANTIZE, add_search_flags, check_quantize, search_config
+
+PROG = "serve.py"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _at_least(minimum: float, kind: type = int) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Serve translations over HTTP (JSON API) with a page that shows the "
+        "cross-attention; see docs/serving.md.",
+        epilog="The search flags set the default options; a request may override each of "
+        "them except --batch-size, which bounds the sentences of one dynamic batch. SIGTERM "
+        "or Ctrl-C: the requests already received are answered, then the server exits 0.",
+    )
+    add = parser.add_argument
+    add(
+        "-c",
+        "--checkpoint",
+        required=True,
+        help="run dir (checkpoints/best.pt, else last.pt) or .pt file",
+    )
+    add("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    add("--port", type=_at_least(0), default=8000, help="port; 0 = any free one (default: 8000)")
+    add_search_flags(parser)
+    add(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto = cuda when available, else cpu (default: auto)",
+    )
+    add(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="autocast dtype during search (default: fp32)",
+    )
+    add(
+        "--quantize",
+        choices=QUANTIZE,
+        default="none",
+        help="int8 linear layers, CPU only (default: none)",
+    )
+    add(
+        "--batch-wait-ms",
+        type=_at_least(0, float),
+        default=5.0,
+        metavar="MS",
+        help="how long the oldest request waits for others to join its batch (default: 5)",
+    )
+    add(
+        "--no-batching",
+        action="store_true",
+        help="one request per model call, no waiting (for comparison)",
+    )
+    add(
+        "--max-sentences",
+        type=_at_least(1),
+        default=64,
+        metavar="N",
+        help="sentences per /translate request (default: 64)",
+    )
+    add(
+        "--max-chars",
+        type=_at_least(1),
+        default=1000,
+        metavar="N",
+        help="characters per sentence (default: 1000)",
+    )
+    add(
+        "--max-queue",
+        type=_at_least(1),
+        default=256,
+        metavar="N",
+        help="requests waiting for the model; beyond, 429 (default: 256)",
+    )
+    add(
+        "--max-beam",
+        type=_at_least(1),
+        default=16,
+        metavar="N",
+        help="largest beam_size a request may ask for (default: 16)",
+    )
+    add(
+        "--max-output-tokens",
+        type=_at_least(1),
+        default=1024,
+        metavar="N",
+        help="largest output length budget, int(max_len_a * source tokens + max_len_b), a "
+        "request may ask for (default: 1024)",
+    )
+    add(
+        "--shutdown-timeout",
+        type=_at_least(1, float),
+        default=120.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long to wait for the requests already received "
+        "(a client that never finishes sending cannot hold the server up longer) "
+        "(default: 120)",
+    )
+    return parser
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads so that a busy port fails fast."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: {e.strerror}; pass an address such as 127.0.0.1") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise UserError(
+            f"cannot listen on {host}:{port} ({e.strerror}); pass another --port"
+        ) from None
+    sock.listen(2048)
+    return sock
+
+
+def model_info(path: str) -> dict[str, Any]:
+    """What `GET /info` reports: languages, sizes, vocabulary, step, and the run's BLEU from
+    its results.json when there is one."""
+    from checkpoint import load_checkpoint, resolve_checkpoint
+
+    file = resolve_checkpoint(path)
+    ckpt = load_checkpoint(file)  # read again by load_engine: once, at startup
+    config = ckpt.get("config") or {}
+    data = config.get("data") or {}
+    model_cfg = ckpt["model_config"]
+    info: dict[str, Any] = {
+        "checkpoint": str(file),
+        "step": (ckpt.get("train_state") or {}).get("step"),
+        "source_language": data.get("src_lang"),
+        "target_language": data.get("tgt_lang"),
+        "model": model_cfg,
+    }
+    run_dir = Path(path) if Path(path).is_dir() else file.parent.parent
+    results = run_dir / "results.json"
+    if file.parent.name == "checkpoints" and results.is_file():
+        try:
+            scores = json.loads(results.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            scores = {}
+        info["valid_bleu"] = (scores.get("valid") or {}).get("bleu")
+        tests = scores.get("test") or {}
+        info["test_bleu"] = {name: split.get("bleu") for name, split in tests.items()}
+    return info
+
+
+def run(args: argparse.Namespace) -> None:
+    """Load the model once, then serve until SIGTERM or Ctrl-C (both exit 0 once the
+    requests already received are answered)."""
+    defaults = search_config(args)
+    if defaults.beam_size > args.max_beam:
+        raise UserError(
+            f"--beam {defaults.beam_size} is above --max-beam {args.max_beam}; lower --beam "
+            "or raise --max-beam"
+        )
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+
+    import torch
+    import uvicorn
+
+    from common import runtime
+    from common.memory import keep_freed_memory
+    from decoding.translator import Translator
+    from engine import load_engine
+    from server.app import Limits, Service, create_app
+    from server.batcher import Batcher
+
+    device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
+    check_quantize(args.quantize, device, args.precision)
+    runtime.check_autocast(device, args.precision, "--precision")
+    info = model_info(args.checkpoint)
+    if device == "cpu":
+        keep_freed_memory()
+    model, tokenizer = load_engine([args.checkpoint], device, args.quantize)
+    vocab = {"source": tokenizer.src_vocab_size, "target": tokenizer.tgt_vocab_size}
+    info["parameters"] = sum(p.numel() for p in model.parameters())  # tied weights once
+    info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
+    info.update(precision=args.precision, quantize=args.quantize)
+
+    def translate(cfg: Any, sentences: list[str]) -> list[list[tuple[str, float]]]:
+        translator = Translator(model, tokenizer, cfg, device)
+        with runtime.autocast(device, args.precision):  # thread-local: entered on this thread
+            nbest = translator.translate_nbest(sentences)
+        return [[(h.text, h.score) for h in hyps] for hyps in nbest]
+
+    def attention(cfg: Any, sentence: str) -> dict[str, Any]:
+        translator = Translator(model, tokenizer, cfg, device)
+        with torch.no_grad(), runtime.autocast(device, args.precision):
+            found = translator.attention_for(sentence)
+            text = translator.translate([sentence])[0]
+        weights = found.cross_attn  # (L, H, T, S)
+        return {
+            "translation": text,
+            "src_pieces": found.src_pieces,
+            "tgt_pieces": found.tgt_pieces,
+            "layers": weights.size(0),
+            "heads": weights.size(1),
+            "attention": weights.double().round(decimals=4).tolist(),  # 4 digits: JSON size
+        }
+
+    def count_tokens(sentences: list[str]) -> int:
+        return max(len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences]))
+
+    batcher = Batcher(
+        translate,
+        attention,
+        max_sentences=defaults.batch_size,
+        wait=args.batch_wait_ms / 1000,
+        max_queue=args.max_queue,
+        one_request=args.no_batching,
+    )
+    limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
+    service = Service(batcher, defaults, limits, count_tokens, info)
+    mode = "batching off" if args.no_batching else f"batches up to {defaults.batch_size} sentences"
+
+    def ready() -> None:
+        print(
+            f"{PROG}: serving {info['checkpoint']} on http://{host}:{port} ({mode}); "
+            "SIGTERM or Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    app = create_app(service, on_startup=ready)
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has shut down, with the handler
+    # that was installed before it started: this one, so that a graceful stop exits 0. (A
+    # signal before uvicorn installs its own handlers makes it stop as soon as it starts.)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
+    server.run(sockets=[sock])
+    if not server.started:
+        raise UserError("the server did not start (see the messages above)")
+    if service.cancelled:
+        print(
+            f"{PROG}: stopped; {service.cancelled} request(s) still unanswered after "
+            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common.errors import exit_status
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
+    return exit_status(PROG, lambda: run(args))
