@@ -1,6 +1,6 @@
 """The HTTP API and the page: Starlette routes over a `Batcher`.
 
-Routes: `POST /translate`, `POST /attention`, `GET /health`, `GET /info`, `GET /` (the page,
+Routes: `POST /translate` (`sentences`, optional `prefixes`, `SearchConfig` fields), `POST /attention`, `GET /health`, `GET /info`, `GET /` (the page,
 from `server/static`). Every error is JSON, `{"error": "<problem>; <fix>"}`, with a 4xx status
 for a request the client can fix (400 malformed body, 413 over a size limit, 422 unknown or
 invalid option, 429 queue full) and 500 for a failure of the model call, after which the server
@@ -109,9 +109,22 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
             )
         sentences = [_one_line(s) for s in sentences]
         _check_lengths(sentences, limits.max_chars, "sentences")
+        prefixes = body.pop("prefixes", None)
+        if prefixes is not None:
+            if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
+                raise _error(400, "'prefixes' must be a list of strings, one per sentence")
+            if len(prefixes) != len(sentences):
+                raise _error(
+                    422,
+                    f"{len(prefixes)} prefixes for {len(sentences)} sentences; send one per "
+                    'sentence ("" for none)',
+                )
+            prefixes = [_one_line(p) for p in prefixes]
+            _check_lengths(prefixes, limits.max_chars, "prefixes")
         cfg = _options(body, service)
         _check_output_budget(cfg, sentences, service)
-        hyps = await _submit(service.batcher, Job(cfg, sentences)) if sentences else []
+        job = Job(cfg, sentences, prefixes=prefixes)
+        hyps = await _submit(service.batcher, job) if sentences else []
         answer: dict[str, Any] = {
             "translations": [nbest[0][0] for nbest in hyps],
             "scores": [nbest[0][1] for nbest in hyps],
@@ -208,7 +221,7 @@ def _one_line(text: str) -> str:
 def _check_lengths(sentences: list[str], max_chars: int, name: str) -> None:
     for i, sentence in enumerate(sentences):
         if len(sentence) > max_chars:
-            where = f"sentences[{i}]" if name == "sentences" else name
+            where = f"{name}[{i}]" if name in ("sentences", "prefixes") else name
             raise _error(
                 413,
                 f"{where} has {len(sentence)} characters, the limit is {max_chars} "

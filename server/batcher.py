@@ -32,8 +32,9 @@ from decoding.config import SearchConfig
 
 logger = logging.getLogger(__name__)
 
-# translate(cfg, sentences) -> one result per sentence, in order; attention(cfg, sentence)
-Translate = Callable[[SearchConfig, list[str]], list[Any]]
+# translate(cfg, sentences, prefixes) -> one result per sentence, in order (prefixes: one
+# target prefix per sentence, "" for none); attention(cfg, sentence)
+Translate = Callable[[SearchConfig, list[str], list[str]], list[Any]]
 Attention = Callable[[SearchConfig, str], Any]
 
 
@@ -58,6 +59,7 @@ class Job:
     cfg: SearchConfig
     sentences: list[str]  # translate: the request's sentences; attention: exactly one
     attention: bool = False
+    prefixes: list[str] | None = None  # a forced target prefix per sentence (translate only)
     future: Future = field(default_factory=Future)
 
 
@@ -173,7 +175,8 @@ class Batcher:
                 results = [self._attention(batch[0].cfg, batch[0].sentences[0])]
             else:
                 sentences = [s for job in batch for s in job.sentences]
-                flat = self._translate(batch[0].cfg, sentences)
+                prefixes = [p for job in batch for p in job.prefixes or [""] * len(job.sentences)]
+                flat = self._translate(batch[0].cfg, sentences, prefixes)
                 results, start = [], 0
                 for job in batch:
                     results.append(flat[start : start + len(job.sentences)])

@@ -223,10 +223,12 @@ def run(args: argparse.Namespace) -> None:
     info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
     info.update(precision=args.precision, quantize=args.quantize)
 
-    def translate(cfg: Any, sentences: list[str]) -> list[list[tuple[str, float]]]:
+    def translate(
+        cfg: Any, sentences: list[str], prefixes: list[str]
+    ) -> list[list[tuple[str, float]]]:
         translator = Translator(model, tokenizer, cfg, device)
         with runtime.autocast(device, args.precision):  # thread-local: entered on this thread
-            nbest = translator.translate_nbest(sentences)
+            nbest = translator.translate_nbest(sentences, prefixes=prefixes)
         return [[(h.text, h.score) for h in hyps] for hyps in nbest]
 
     def attention(cfg: Any, sentence: str) -> dict[str, Any]:

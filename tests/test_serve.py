@@ -172,6 +172,24 @@ def test_translations_equal_translate_py(server: str, run_dir: Path) -> None:
     )  # fmt: skip
 
 
+def test_prefixes_equal_translate_py_tab_prefix(server: str, run_dir: Path) -> None:
+    """`prefixes` (one per sentence, "" for none) force each translation's start, as
+    translate.py --tab-prefix does for the same lines."""
+    prefixes = ["A man", "", "Two", ""][: len(INPUTS)]
+    status, got = post(server, "/translate", {"sentences": INPUTS, "prefixes": prefixes})
+    assert status == 200, got
+    lines = "".join(f"{s}\t{p}\n" for s, p in zip(INPUTS, prefixes, strict=True))
+    out = subprocess.run(
+        [sys.executable, "translate.py", "-c", str(run_dir), "--beam", "1", "--tab-prefix"],
+        input=lines, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert got["translations"] == out.stdout.splitlines()
+    assert got["translations"][0].startswith("A man")
+    status, err = post(server, "/translate", {"sentences": INPUTS, "prefixes": ["x"]})
+    assert status == 422 and "prefixes for" in err["error"]
+
+
 BAD_REQUESTS = [
     # (path, raw body, status, words the error names)
     ("/translate", b'{"sentences": ["a"', 400, ["not valid JSON"]),
@@ -397,7 +415,8 @@ class ScriptedModel:
         self.calls: list[tuple[int, list[str]]] = []  # (beam_size, sentences) or (-1, [attn])
         self.started, self.release = threading.Event(), threading.Event()
 
-    def translate(self, cfg: SearchConfig, sentences: list[str]) -> list[str]:
+    def translate(self, cfg: SearchConfig, sentences: list[str], prefixes: list[str]) -> list[str]:
+        assert len(prefixes) == len(sentences)
         self._record(cfg.beam_size, sentences)
         if "boom" in sentences:
             raise RuntimeError("boom")
