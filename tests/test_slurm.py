@@ -6,11 +6,14 @@ inside, on the toy corpus.
   while it trains; the script stops the training (which saves `last.pt` at that update), the job
   is requeued under its own id, and its next start resumes from that step, as many times as the
   training needs; the result equals an uninterrupted run's.
+- Preemption by a job in a higher-priority partition (PreemptMode=REQUEUE): SLURM sends SIGTERM
+  to the job's steps, the training saves, the script requeues the job, which resumes there.
 - `scancel --signal=TERM`: the training saves and the job ends; submitted again with the same
   run dir, it resumes there.
 
 SLURM holds a requeued job for about two minutes (Reason=BeginTime); the test lets it start at
-once with `scontrol update JobId=... StartTime=now+3`, as an administrator can. It needs root (it
+once (2 s after the requeue) with `scontrol update JobId=... StartTime=now`, as an administrator
+can. It needs root (it
 starts munged, slurmctld and slurmd; local_cluster.sh installs them with apt-get if missing)
 and skips with the script's reason elsewhere. Marked slow: about two minutes.
 """
@@ -104,18 +107,28 @@ def _submit(env: dict, tmp: Path, run: Path, *options: str, steps: int) -> str:
 
 
 def _wait_done(env: dict, job: str, out: Path, timeout: float = 420) -> dict[str, str]:
-    """Wait until the job has ended; a requeued job waiting for its BeginTime starts at once.
-    Returns its last `scontrol show job`."""
+    """Wait until the job has ended. A requeued job waiting for its BeginTime (SLURM holds it
+    for about two minutes) starts 2 s after its requeue instead: one started in the second of
+    its requeue fails ("Job credential revoked"). Returns its last `scontrol show job`."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         info = _job(env, job)
         if info["JobState"] == "PENDING" and info["Reason"] == "BeginTime":
-            # Not at once: a start in the second of the requeue fails ("Job credential revoked").
-            _scontrol(env, "update", f"JobId={job}", "StartTime=now+3")
+            requeued = time.mktime(time.strptime(info["SubmitTime"], "%Y-%m-%dT%H:%M:%S"))
+            if time.time() >= requeued + 2:
+                _scontrol(env, "update", f"JobId={job}", "StartTime=now")
         elif info["JobState"] in ENDED:
             return info
-        time.sleep(1)
+        time.sleep(0.5)
     raise AssertionError(f"job {job} did not end in {timeout} s:\n{out.read_text()[-3000:]}")
+
+
+def _wait_for_training(run: Path, out: Path, line: str = "| loss") -> None:
+    log = run / "train.log"
+    deadline = time.time() + 180
+    while not (log.exists() and line in log.read_text()):
+        assert time.time() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
+        time.sleep(0.5)
 
 
 def _steps_per_second(tmp: Path) -> float:
@@ -212,10 +225,7 @@ def test_scancel_term_saves_and_a_resubmission_resumes(slurm, tmp_path):
     job = _submit(slurm, tmp_path, run, "--time=5", steps=10**7)
     out = tmp_path / f"slurm-{job}.out"
     log = run / "train.log"
-    deadline = time.time() + 180
-    while not (log.exists() and "| loss" in log.read_text()):
-        assert time.time() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
-        time.sleep(0.5)
+    _wait_for_training(run, out)
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm, check=True, timeout=60)
     info = _wait_done(slurm, job, out)
     text = out.read_text()
@@ -231,3 +241,33 @@ def test_scancel_term_saves_and_a_resubmission_resumes(slurm, tmp_path):
     assert info["JobState"] == "COMPLETED", (tmp_path / f"slurm-{again}.out").read_text()[-3000:]
     assert f"resumed from {run / 'checkpoints' / 'last.pt'} at step {stopped} " in log.read_text()
     assert json.loads((run / "results.json").read_text())["steps"] == stopped + 100
+
+
+def test_preemption_by_a_higher_priority_job_requeues_and_resumes(slurm, tmp_path):
+    """A job in the "urgent" partition takes the node: SLURM sends SIGTERM to the training's
+    steps (torchrun), which saves at an update; the script requeues the job (SLURM would only
+    at the end of the grace time, killing it), the urgent job runs, and the requeued one
+    resumes at that step and finishes."""
+    run, steps = tmp_path / "run", 3000
+    job = _submit(slurm, tmp_path, run, "--time=10", steps=steps)
+    out = tmp_path / f"slurm-{job}.out"
+    _wait_for_training(run, out)
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "--partition=urgent", "--exclusive", "--output=/dev/null"]
+        + ["--wrap=sleep 1"],
+        env=slurm,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert urgent.returncode == 0, urgent.stderr
+    info = _wait_done(slurm, job, out)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", text[-3000:]
+    assert _job(slurm, urgent.stdout.strip())["JobState"] == "COMPLETED"
+    assert info["Restarts"] == "1" and f"job {job}: preempted, requeueing" in text, text[-3000:]
+    stops = re.findall(r"stopped by SIGTERM at step (\d+);", text)
+    assert len(stops) == 1, text[-3000:]
+    log = (run / "train.log").read_text()
+    assert f"resumed from {run / 'checkpoints' / 'last.pt'} at step {stops[0]} " in log
+    assert json.loads((run / "results.json").read_text())["steps"] == steps

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster on this machine, for testing the job script (scripts/slurm/train.sbatch)
 # the way users submit it: munged, slurmctld and slurmd on 127.0.0.1, one node with this
-# machine's cores, one partition, no accounting, no cgroups (proctrack/linuxproc, task/none).
+# machine's cores, two partitions (jobs in "urgent" preempt those in "debug"), no accounting, no cgroups (proctrack/linuxproc, task/none).
 # Every file it writes (config, munge key and socket, state, logs, pid files) lives in DIR, so it
 # leaves any system SLURM alone; clients find it through SLURM_CONF=DIR/slurm.conf.
 #
@@ -103,7 +103,11 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 ReturnToService=2
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# Jobs in "urgent" preempt jobs in "debug": SIGTERM to their steps, killed and requeued 60 s later.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=60
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
   export SLURM_CONF="$DIR/slurm.conf"
   slurmctld -f "$SLURM_CONF"
@@ -111,7 +115,7 @@ EOF
 
   local state=""
   for _ in $(seq 60); do
-    state=$(sinfo -h -N -o %t 2>/dev/null || true)
+    state=$(sinfo -h -N -p debug -o %t 2>/dev/null || true)
     [ "$state" = idle ] && break
     sleep 0.5
   done
