@@ -15,7 +15,8 @@ SLURM holds a requeued job for about two minutes (Reason=BeginTime); the test le
 once (2 s after the requeue) with `scontrol update JobId=... StartTime=now`, as an administrator
 can. It needs root (it
 starts munged, slurmctld and slurmd; local_cluster.sh installs them with apt-get if missing)
-and skips with the script's reason elsewhere. Marked slow: about two minutes.
+and skips with the script's reason elsewhere. Marked slow: a few minutes. One fast test keeps
+the copy of the script in docs/training.md equal to the file.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ import torch
 from checkpoint import load_checkpoint
 from tests.train_helpers import ROOT, TOY_ARGS
 
-pytestmark = pytest.mark.slow
-
+DOCS = ROOT / "docs" / "training.md"
 CLUSTER = ROOT / "scripts" / "slurm" / "local_cluster.sh"
 SBATCH = ROOT / "scripts" / "slurm" / "train.sbatch"
 # One thread per process (bit-exact comparisons need the same reduction order); no validation
@@ -180,6 +180,7 @@ def _results(run: Path) -> dict:
     return results
 
 
+@pytest.mark.slow
 def test_time_limit_requeues_and_resumes_to_the_uninterrupted_result(slurm, tmp_path):
     steps = max(3000, int(_steps_per_second(tmp_path) * TRAIN_SECONDS))
     reference = _torchrun(tmp_path / "straight", tmp_path, steps)
@@ -217,6 +218,7 @@ def test_time_limit_requeues_and_resumes_to_the_uninterrupted_result(slurm, tmp_
     print(f"{steps} steps, {restarts} restart(s), stopped at {stops}, resumed at {resumes}")
 
 
+@pytest.mark.slow
 def test_scancel_term_saves_and_a_resubmission_resumes(slurm, tmp_path):
     """`scancel --signal=TERM` (to the job's steps: torchrun) stops the training at an update
     with `last.pt`; the job ends without a requeue, and the same script submitted again with
@@ -243,6 +245,7 @@ def test_scancel_term_saves_and_a_resubmission_resumes(slurm, tmp_path):
     assert json.loads((run / "results.json").read_text())["steps"] == stopped + 100
 
 
+@pytest.mark.slow
 def test_preemption_by_a_higher_priority_job_requeues_and_resumes(slurm, tmp_path):
     """A job in the "urgent" partition takes the node: SLURM sends SIGTERM to the training's
     steps (torchrun), which saves at an update; the script requeues the job (SLURM would only
@@ -271,3 +274,11 @@ def test_preemption_by_a_higher_priority_job_requeues_and_resumes(slurm, tmp_pat
     log = (run / "train.log").read_text()
     assert f"resumed from {run / 'checkpoints' / 'last.pt'} at step {stops[0]} " in log
     assert json.loads((run / "results.json").read_text())["steps"] == steps
+
+
+def test_the_docs_show_the_job_script_as_it_is():
+    """docs/training.md shows train.sbatch whole; the copy there must not drift from it."""
+    docs = DOCS.read_text()
+    block = re.search(r"The script \(the file itself.*?\n```bash\n(.*?)```", docs, re.S)
+    assert block, "docs/training.md: no copy of scripts/slurm/train.sbatch"
+    assert block.group(1) == SBATCH.read_text()

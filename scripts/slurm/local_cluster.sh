@@ -31,8 +31,8 @@ install() {
   [ "$(id -u)" = 0 ] || cannot "SLURM is not installed and installing it needs root: apt-get install ${PACKAGES[*]}"
   command -v apt-get >/dev/null || cannot "SLURM is not installed and there is no apt-get: install ${PACKAGES[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"; } \
+    >/dev/null || cannot "apt-get install ${PACKAGES[*]} failed (offline?)"
   installed || fail "apt-get installed ${PACKAGES[*]} but slurmctld/slurmd/sbatch/munged are still missing"
 }
 
