@@ -11,11 +11,10 @@ inside, on the toy corpus.
 - `scancel --signal=TERM`: the training saves and the job ends; submitted again with the same
   run dir, it resumes there.
 
-SLURM holds a requeued job for about two minutes (Reason=BeginTime); the test lets it start at
-once (2 s after the requeue) with `scontrol update JobId=... StartTime=now`, as an administrator
-can. It needs root (it
-starts munged, slurmctld and slurmd; local_cluster.sh installs them with apt-get if missing)
-and skips with the script's reason elsewhere. Marked slow: a few minutes. One fast test keeps
+SLURM holds a requeued job for about two minutes (Reason=BeginTime); the test lets it start
+2 s after the requeue with `scontrol update JobId=... StartTime=now`, as an administrator can.
+It needs root (it starts munged, slurmctld and slurmd; local_cluster.sh installs them with
+apt-get if missing) and skips with the script's reason elsewhere. Marked slow: a few minutes. One fast test keeps
 the copy of the script in docs/training.md equal to the file.
 """
 
@@ -236,6 +235,7 @@ def test_scancel_term_saves_and_a_resubmission_resumes(slurm, tmp_path):
     stopped = int(stops[0])
     assert load_checkpoint(run / "checkpoints" / "last.pt")["train_state"]["step"] == stopped
     assert info["Restarts"] == "0" and not (run / "results.json").exists()
+    assert info["JobState"] == "FAILED"  # torchrun exits 1 after a SIGTERM (documented)
     assert "USR1" not in text
 
     again = _submit(slurm, tmp_path, run, "--time=5", steps=stopped + 100)
