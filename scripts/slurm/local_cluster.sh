@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster on this machine, for testing the job script (scripts/slurm/train.sbatch)
 # the way users submit it: munged, slurmctld and slurmd on 127.0.0.1, one node with this
-# machine's cores, two partitions (jobs in "urgent" preempt those in "debug"), no accounting, no cgroups (proctrack/linuxproc, task/none).
+# machine's cores, two partitions (jobs in "urgent" preempt those in "debug"), no accounting, no
+# cgroups (proctrack/linuxproc, task/none).
 # Every file it writes (config, munge key and socket, state, logs, pid files) lives in DIR, so it
 # leaves any system SLURM alone; clients find it through SLURM_CONF=DIR/slurm.conf.
 #
@@ -24,20 +25,26 @@ DIR=${2:-${SLURM_LOCAL_DIR:-/tmp/attnmt-slurm}}
 cannot() { echo "local_cluster.sh: $*" >&2; exit 77; }
 fail() { echo "local_cluster.sh: $*" >&2; exit 1; }
 
-installed() { command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null
+installed() {
+  command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged
+} >/dev/null
 
 install() {
   installed && return 0
-  [ "$(id -u)" = 0 ] || cannot "SLURM is not installed and installing it needs root: apt-get install ${PACKAGES[*]}"
-  command -v apt-get >/dev/null || cannot "SLURM is not installed and there is no apt-get: install ${PACKAGES[*]}"
+  [ "$(id -u)" = 0 ] ||
+    cannot "SLURM is missing and installing it needs root: apt-get install ${PACKAGES[*]}"
+  command -v apt-get >/dev/null ||
+    cannot "SLURM is missing and there is no apt-get: install ${PACKAGES[*]}"
   export DEBIAN_FRONTEND=noninteractive
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"; } \
     >/dev/null || cannot "apt-get install ${PACKAGES[*]} failed (offline?)"
-  installed || fail "apt-get installed ${PACKAGES[*]} but slurmctld/slurmd/sbatch/munged are still missing"
+  installed ||
+    fail "apt-get installed ${PACKAGES[*]}, yet slurmctld, slurmd, sbatch or munged is missing"
 }
 
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])'
 }
 
 # Stop the daemon whose pid file is $1 (only that pid, and only if it is still the daemon $2).
@@ -54,7 +61,8 @@ stop_pid() {
 }
 
 start() {
-  [ "$(id -u)" = 0 ] || cannot "needs root (slurmd runs jobs as their users; munged and slurmctld run as root here)"
+  [ "$(id -u)" = 0 ] ||
+    cannot "needs root (slurmd runs jobs as their users; munged and slurmctld run as root here)"
   install
   if [ -f "$DIR/slurmctld.pid" ] && [ -d "/proc/$(cat "$DIR/slurmctld.pid")" ]; then
     fail "a cluster is already running from $DIR: run 'stop $DIR' first"
