@@ -39,11 +39,11 @@ Attention = Callable[[SearchConfig, str], Any]
 
 
 def runs_alone(cfg: SearchConfig) -> bool:
-    """Whether a request with these options gets a batch of its own: one that samples (a
-    `sampling` field, where `SearchConfig` has one), since a batch draws from one generator
-    seeded once, so a request's samples would depend on the requests batched with it; alone,
-    they are `translate.py`'s for the same sentences and seed."""
-    return bool(getattr(cfg, "sampling", False))
+    """Whether a request with these options gets a batch of its own: one that samples, since
+    a batch draws from one generator seeded once, so a request's samples would depend on the
+    requests batched with it; alone, they are `translate.py`'s for the same sentences and
+    seed."""
+    return cfg.sampling
 
 
 class QueueFull(Exception):

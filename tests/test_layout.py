@@ -68,8 +68,10 @@ def test_engine_imports_only_the_search_core_of_decoding() -> None:
 
 
 def test_inference_never_imports_training_or_datasets() -> None:
-    """What translate.py loads, loaded: neither `training` nor `datasets` (~1 s to import)."""
+    """What translate.py and serve.py load, loaded: neither `training` nor `datasets` (~1 s to
+    import)."""
     modules = "decoding.cli, decoding.translator, decoding.plot, engine, checkpoint, exporting"
+    modules += ", server.cli, server.app"
     code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
