@@ -21,7 +21,7 @@ from checkpoint import build_model
 from common.files import atomic_write
 from data.batching import BatchIterator, TokenBatchSampler, token_lengths
 from data.dataset import cache_root, encode_split, filter_train_pairs, load_split
-from data.tokenizer import Tokenizer, train_or_load_tokenizer
+from data.tokenizer import JOINT_MODEL, SRC_MODEL, Tokenizer, train_or_load_tokenizer
 from model import ModelConfig
 from training import distributed
 from training.config import Configs, OptimConfig
@@ -45,11 +45,18 @@ class Data:
     test: dict[str, datasets.Dataset]  # raw text (src, tgt) per test split
 
 
-def load_data(cfg: Configs, run_dir: Path, seconds: dict[str, float] | None = None) -> Data:
+def load_data(
+    cfg: Configs,
+    run_dir: Path,
+    seconds: dict[str, float] | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> Data:
     """Load and filter the corpus, train (or reuse) SentencePiece, encode (cached on disk).
 
     The test splits are loaded too, so that a missing one fails before training, not after.
     `seconds`, if given, receives the time of each stage (load, filter, sentencepiece, encode).
+    `tokenizer` (a checkpoint's, `trainer.init_from`) is used instead of training one; it is
+    saved into the run dir unless one is there.
     """
     data_cfg = cfg.data
     seconds = {} if seconds is None else seconds
@@ -58,7 +65,7 @@ def load_data(cfg: Configs, run_dir: Path, seconds: dict[str, float] | None = No
     with _timed(seconds, "filter"):
         train_raw = filter_train_pairs(train_raw, data_cfg)
     with _timed(seconds, "sentencepiece"):
-        tokenizer = train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir, cache_root(data_cfg))
+        tokenizer = _run_tokenizer(train_raw, cfg, run_dir, tokenizer)
     with _timed(seconds, "encode"):
         train = encode_split(train_raw, tokenizer, data_cfg, train=True)
     with _timed(seconds, "load"):
@@ -74,6 +81,18 @@ def load_data(cfg: Configs, run_dir: Path, seconds: dict[str, float] | None = No
     return Data(tokenizer, train, valid, test)
 
 
+def _run_tokenizer(
+    train_raw: datasets.Dataset, cfg: Configs, run_dir: Path, given: Tokenizer | None
+) -> Tokenizer:
+    """`given` (saved into the run dir unless a model is there: rank 0 writes it first), or
+    the run dir's / the cache's / a newly trained SentencePiece model."""
+    if given is None:
+        return train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir, cache_root(cfg.data))
+    if not any((run_dir / name).is_file() for name in (JOINT_MODEL, SRC_MODEL)):
+        given.save(run_dir)
+    return given
+
+
 @contextmanager
 def _timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
     """Add the wall time of the `with` block to `seconds[stage]`."""
@@ -82,7 +101,9 @@ def _timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
     seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
-def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Data:
+def prepare_data(
+    cfg: Configs, run_dir: Path, ctx: distributed.DistContext, tokenizer: Tokenizer | None = None
+) -> Data:
     """`load_data` on rank 0 first; the other ranks wait, then load its results from the
     caches; no rank goes on until every rank has its data. All waiting is on files in the run
     dir, not in collectives, so however long SentencePiece and encoding take (WMT: many
@@ -90,7 +111,7 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
     the others stop with its message instead of waiting (on another node, torchrun could not
     stop them)."""
     if not ctx.enabled:
-        return load_data(cfg, run_dir)
+        return load_data(cfg, run_dir, tokenizer=tokenizer)
     token = distributed.broadcast_object(uuid.uuid4().hex, ctx)  # new for every launch
     ready = run_dir / ".ready"
     failed = ready / "failed"
@@ -98,7 +119,7 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
         if not ctx.is_main:
             log.info("waiting for rank 0 to prepare the data")
             distributed.wait_for_file(ready / "prepared", token, failed)
-        data = load_data(cfg, run_dir)
+        data = load_data(cfg, run_dir, tokenizer=tokenizer)
         if ctx.is_main:
             atomic_write(ready / "prepared", token)
     except Exception as e:
@@ -116,6 +137,9 @@ def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> T
     model_cfg = sized_model_config(cfg.model, tokenizer)
     model = build_model(model_cfg, device=device)
     log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
+    if cfg.trainer.activation_checkpointing:
+        model.encoder.checkpoint_activations = model.decoder.checkpoint_activations = True
+        log.info("activation checkpointing: each layer recomputed in the backward pass")
     decay = cfg.trainer.ema_decay
     return Trainee(
         model,
