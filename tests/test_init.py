@@ -15,7 +15,7 @@ import torch
 from checkpoint import load_checkpoint
 from common.errors import UserError
 from model import ModelConfig
-from tests.train_helpers import ROOT, run_train, toy_cfg, torchrun_cmd
+from tests.train_helpers import ROOT, run_train, torchrun_cmd, toy_cfg
 from training import distributed
 from training.config import Configs
 from training.init import _model_config

@@ -199,7 +199,7 @@ class Run(Learner):
                 score["chrf"],
                 score["signature"],
             )
-            hyp_file = self.run_dir / f"hyp.{split}.{self.cfg.data.tgt_lang}"
+            hyp_file = self.run_dir / f"hyp.{split}.{self.data.test_langs[split]}"
             atomic_write(hyp_file, "\n".join(hyps) + "\n")
         if ctx.is_main:
             write_results(self.run_dir, results)
