@@ -163,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="reference translations: print sacreBLEU BLEU and chrF to stderr",
     )
     add(
+        "--tag",
+        metavar="TAG",
+        help="put TAG (one of the model's tags, e.g. <2de> for a multilingual model's target "
+        "language; train.py's data.corpora.*.tag) before every non-empty input line",
+    )
+    add(
         "--plot-attention",
         metavar="PNG",
         help="save the cross-attention heatmap (last layer, mean over heads) of the "
@@ -254,11 +260,16 @@ def run(args: argparse.Namespace) -> None:
         if device == "cpu":  # the device type: "cpu" or "cuda"
             keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
         model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
+        if args.tag is not None and args.tag not in tokenizer.tags:
+            known = ", ".join(tokenizer.tags) or "none"
+            raise UserError(f"--tag {args.tag} is not one of this model's tags ({known})")
         translator = Translator(model, tokenizer, cfg, device, args.inter_threads)
         output = atomic_open(args.output) if args.output else nullcontext(sys.stdout.buffer)
         with output as out, precision:
             keep = refs is not None
-            done = translate_input(translator, source, out, cfg.nbest, keep, n_lines, progress)
+            done = translate_input(
+                translator, source, out, cfg.nbest, keep, n_lines, progress, args.tag
+            )
             if refs is not None:  # a pipe: its line count is known only now
                 check_ref_count(args.ref, len(refs), done.lines)
     if refs is not None:
@@ -282,9 +293,11 @@ def translate_input(
     keep: bool = False,
     total: int | None = None,
     progress: bool = False,
+    tag: str | None = None,
 ) -> Translated:
     """Translate `source` a batch at a time, writing and flushing each batch's translations to
-    `out` before reading the next; a progress bar (`total` lines) on stderr if `progress`."""
+    `out` before reading the next; a progress bar (`total` lines) on stderr if `progress`;
+    `tag` and a space before each non-empty line."""
     from tqdm import tqdm
 
     hyps: list[str] = []
@@ -293,7 +306,8 @@ def translate_input(
         total=total, unit="sent", desc="translating", file=sys.stderr, disable=not progress
     ) as bar:
         for lines in source.batches():
-            results = translator.translate_nbest(lines, progress=bar.update)
+            tagged = [f"{tag} {x}" if tag and x.strip() else x for x in lines]
+            results = translator.translate_nbest(tagged, progress=bar.update)
             out.write(format_output(results, nbest, start=done).encode("utf-8"))
             out.flush()
             done += len(lines)
