@@ -30,6 +30,7 @@ from data.dataset import (
     load_split,
     tag_sources,
 )
+from data.errors import DataError
 from data.tokenizer import (
     JOINT_MODEL,
     SRC_MODEL,
@@ -111,6 +112,12 @@ def load_data(
                 [encode_split(raw, tokenizer, data_cfg, train=False) for raw in valid_raws]
             )
         mixture = [(len(t), c.weight) for t, c in zip(trains, listed, strict=True)]
+        for (n, _), c in zip(mixture, listed, strict=True):
+            if n == 0:
+                raise DataError(
+                    f"corpus {c.name}: no training pairs within data.max_len={data_cfg.max_len} "
+                    "tokens; raise data.max_len or check the corpus"
+                )
         train = datasets.concatenate_datasets(trains)
         _log_mixture(listed, mixture)
     log.info(
