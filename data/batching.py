@@ -163,6 +163,10 @@ class TokenBatchSampler:
         shuffle: False gives a fixed length-sorted order (validation).
         rank: This process's data-parallel rank.
         world_size: Number of data-parallel ranks.
+        mixture: Several corpora laid end to end, ``[(size, weight), ...]`` in row order: each
+            epoch then draws ``N * weight / sum(weights)`` pairs from a corpus (``N`` = all
+            rows; a random subset, or every pair as often as fits plus a random subset), seeded
+            by ``(seed, epoch)``, before packing. None: every pair once per epoch.
 
     Raises:
         DataError: Fewer pairs than needed to give every rank the same number of batches.
@@ -178,6 +182,7 @@ class TokenBatchSampler:
         shuffle: bool = True,
         rank: int = 0,
         world_size: int = 1,
+        mixture: Sequence[tuple[int, float]] | None = None,
     ) -> None:
         self.src_sizes = _as_array(src_lengths) + 1  # + eos
         self.tgt_sizes = _as_array(tgt_lengths) + 1  # + bos (tgt_in) or eos
@@ -191,6 +196,9 @@ class TokenBatchSampler:
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
+        self.mixture = None if mixture is None else [(int(n), float(w)) for n, w in mixture]
+        if self.mixture is not None and sum(n for n, _ in self.mixture) != len(self.src_sizes):
+            raise ValueError("the mixture's sizes must add up to the number of pairs")
         self._cached: tuple[int, list[np.ndarray]] | None = None
         too_long = int((np.maximum(self.src_sizes, self.tgt_sizes) > max_tokens).sum())
         if too_long:
@@ -221,7 +229,7 @@ class TokenBatchSampler:
             (largest ``B * max(S, T)``).
         """
         batches = self._epoch_batches()
-        tokens = int(self.src_sizes.sum() + self.tgt_sizes.sum())
+        tokens = sum(int(self.src_sizes[b].sum() + self.tgt_sizes[b].sum()) for b in batches)
         padded = sum(
             len(b) * int(self.src_sizes[b].max() + self.tgt_sizes[b].max()) for b in batches
         )
@@ -245,7 +253,11 @@ class TokenBatchSampler:
             return self._cached[1]
         rng = np.random.default_rng([self.seed, self.epoch])
         n = len(self.src_sizes)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if self.mixture is not None:
+            pool = self._mixed_rows()
+            order = rng.permutation(pool) if self.shuffle else pool
+        else:
+            order = rng.permutation(n) if self.shuffle else np.arange(n)
         # Stable sorts, least significant key first: source length, then target length,
         # then the random (or corpus) order breaks ties, so buckets vary between epochs.
         order = order[np.argsort(self.tgt_sizes[order], kind="stable")]
@@ -257,6 +269,21 @@ class TokenBatchSampler:
         batches = [batches[s * W + r] for s in steps for r in range(W)]
         self._cached = (self.epoch, batches)
         return batches
+
+    def _mixed_rows(self) -> np.ndarray:
+        """This epoch's rows under the mixture: corpus i gives round(N * w_i / sum(w)) of its
+        rows, as whole copies of the corpus plus a random subset (its own generator, so the
+        batch order's generator draws as without a mixture)."""
+        assert self.mixture is not None
+        rng = np.random.default_rng([self.seed, self.epoch, 1])
+        total, weights = len(self.src_sizes), sum(w for _, w in self.mixture)
+        rows, offset = [], 0
+        for size, weight in self.mixture:
+            copies, rest = divmod(round(total * weight / weights), size)
+            rows += [np.arange(offset, offset + size)] * copies
+            rows.append(offset + np.sort(rng.choice(size, rest, replace=False)))
+            offset += size
+        return np.concatenate(rows)
 
     def _pack(self, order: np.ndarray) -> list[np.ndarray]:
         """Greedy packing of length-sorted indices into batches within the budget."""

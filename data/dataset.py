@@ -24,7 +24,7 @@ import re
 import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
 from typing import BinaryIO
@@ -36,7 +36,7 @@ from tqdm import tqdm
 from common.files import atomic_write
 
 from .errors import DataError
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, check_tag
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,13 @@ class DataConfig:
             Hub downloads also go below it when it is set (else Hugging Face's own cache).
         num_proc: Processes for filtering and encoding (batched ``datasets`` maps); 0 means
             one per CPU core for splits of 50k pairs or more, in-process for smaller ones.
+        corpora: Several training corpora in one run, ``{name: {key: value}}`` (see
+            :class:`Corpus`); empty: the one corpus the keys above name. A corpus's keys
+            default to the ones above; a relative ``dir`` is taken under ``dir`` above.
+        valid_from: With ``corpora``: the corpora whose ``valid_split`` is validated on
+            (concatenated); required.
+        test_from: With ``corpora``: the corpora whose ``test_splits`` are scored, each as
+            ``<corpus>.<split>``; None: the ``valid_from`` corpora.
     """
 
     dir: str | None = None
@@ -106,6 +113,105 @@ class DataConfig:
     max_len_ratio: float = 3.0
     cache_dir: str | None = None
     num_proc: int = 0
+    corpora: dict[str, dict] = field(default_factory=dict)
+    valid_from: list[str] = field(default_factory=list)
+    test_from: list[str] | None = None
+
+
+# The keys a corpus of ``data.corpora`` may set besides weight and tag: where its text is.
+_CORPUS_KEYS = (
+    "dir", "hub_name", "hub_config", "hub_splits", "src_lang", "tgt_lang", "train_split",
+    "valid_split", "test_splits", "max_len_ratio",
+)  # fmt: skip
+
+
+@dataclass
+class Corpus:
+    """One corpus of ``data.corpora``: where it is (``data``, a full :class:`DataConfig` of
+    its own), its sampling ``weight`` and its ``tag``.
+
+    ``weight`` is a share of sentence pairs: an epoch draws ``N * weight / sum(weights)``
+    pairs from this corpus, ``N`` the pairs of all corpora together (fewer than it has:
+    a random subset each epoch; more: every pair as often as fits, plus a random subset).
+    ``tag`` (e.g. ``<2de>``, ``<BT>``) starts each source of every split of this corpus, as one
+    SentencePiece piece (``tokenizer.user_symbols``)."""
+
+    name: str
+    data: DataConfig
+    weight: float = 1.0
+    tag: str | None = None
+
+
+def corpora(cfg: DataConfig) -> list[Corpus]:
+    """``cfg.corpora`` checked and completed (keys default to ``cfg``'s), in config order.
+
+    Raises:
+        DataError: an unknown key, a weight that is not positive, a bad tag, or
+            ``valid_from``/``test_from`` naming no corpus of the list.
+    """
+    out = []
+    for name, entry in cfg.corpora.items():
+        entry = dict(entry or {})
+        unknown = sorted(set(entry) - {*_CORPUS_KEYS, "weight", "tag"})
+        if unknown:
+            raise DataError(
+                f"data.corpora.{name}: unknown key(s) {', '.join(unknown)}; valid keys: "
+                f"{', '.join(sorted((*_CORPUS_KEYS, 'weight', 'tag')))}"
+            )
+        weight = entry.pop("weight", 1.0)
+        if not isinstance(weight, int | float) or not weight > 0:
+            raise DataError(
+                f"data.corpora.{name}.weight={weight} must be a positive number (its share of "
+                "the training pairs); remove the corpus instead of giving it weight 0"
+            )
+        tag = entry.pop("tag", None)
+        if tag is not None:
+            check_tag(tag, f"data.corpora.{name}.tag")
+        if "dir" in entry or "hub_name" in entry:  # its own source, nothing of the default's
+            entry = {"dir": None, "hub_name": None, **entry}
+            if entry["dir"] and cfg.dir and not Path(entry["dir"]).expanduser().is_absolute():
+                entry["dir"] = str(Path(cfg.dir).expanduser() / entry["dir"])
+        base = replace(cfg, corpora={}, valid_from=[], test_from=None)
+        out.append(Corpus(name, replace(base, **entry), float(weight), tag))
+    if not out:
+        return out
+    names = [c.name for c in out]
+    for key, chosen in (("valid_from", cfg.valid_from), ("test_from", cfg.test_from or [])):
+        missing = [n for n in chosen if n not in names]
+        if missing:
+            raise DataError(
+                f"data.{key} names {', '.join(missing)}, which data.corpora does not have "
+                f"(corpora: {', '.join(names)})"
+            )
+    if not cfg.valid_from:
+        raise DataError(
+            f"data.corpora lists {', '.join(names)} but data.valid_from names none to validate "
+            f"on; set data.valid_from=[{names[0]}] (a corpus with a valid split)"
+        )
+    return out
+
+
+def tag_sources(ds: datasets.Dataset, tag: str | None, cfg: DataConfig) -> datasets.Dataset:
+    """``ds`` with ``tag`` and a space before every source (cached); ``ds`` itself if no tag."""
+    if tag is None:
+        return ds
+    key = _hash("tag", ds._fingerprint, tag)
+    cache_file = cache_root(cfg) / "tagged" / f"{key}.arrow"
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    return ds.map(
+        _prepend,
+        batched=True,
+        input_columns=["src"],
+        fn_kwargs={"tag": tag},
+        cache_file_name=str(cache_file),
+        load_from_cache_file=True,
+        new_fingerprint=key,
+        desc=f"tagging sources with {tag}",
+    )
+
+
+def _prepend(srcs: list[str], tag: str) -> dict[str, list[str]]:
+    return {"src": [f"{tag} {src}" for src in srcs]}
 
 
 def cache_root(cfg: DataConfig) -> Path:

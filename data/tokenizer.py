@@ -17,7 +17,7 @@ import io
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,6 +70,9 @@ class TokenizerConfig:
             from the training split, train a model; bounds memory on WMT-sized corpora.
             0 means all; SentencePiece rejects 1 to 100.
         pad_id: Id of ``<pad>``. unk_id: ``<unk>``. bos_id: ``<s>``. eos_id: ``</s>``.
+        user_symbols: Tags (e.g. ``<2de>``, ``<BT>``) made SentencePiece user-defined symbols,
+            so each is one piece; the corpora's tags (``data.corpora.*.tag``) are added to
+            these. Reserve here the tags a later fine-tuning run will need.
     """
 
     vocab_size: int = 8000
@@ -81,8 +84,11 @@ class TokenizerConfig:
     unk_id: int = 1
     bos_id: int = 2
     eos_id: int = 3
+    user_symbols: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for tag in self.user_symbols:
+            check_tag(tag, "tokenizer.user_symbols")
         if self.model_type not in MODEL_TYPES:
             raise DataError(
                 f"tokenizer.model_type={self.model_type!r} is not supported; "
@@ -105,6 +111,24 @@ class TokenizerConfig:
     def special(self) -> SpecialIds:
         """The special ids this config asks for."""
         return SpecialIds(self.pad_id, self.unk_id, self.bos_id, self.eos_id)
+
+
+def check_tag(tag: object, key: str) -> None:
+    """A tag is one whitespace-free word (``<2de>``, ``<BT>``): it starts a source line."""
+    if not isinstance(tag, str) or not tag or any(c.isspace() for c in tag):
+        raise DataError(f"{key}: tag {tag!r} must be one word without spaces, e.g. <2de> or <BT>")
+
+
+def _user_symbols(model: bytes) -> list[str]:
+    """The user-defined symbols of a serialized SentencePiece model (its tags)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except ImportError:  # protobuf missing: no tags can be read, so none are split off
+        return []
+    proto = pb.ModelProto()
+    proto.ParseFromString(model)
+    user = pb.ModelProto.SentencePiece.USER_DEFINED
+    return [p.piece for p in proto.pieces if p.type == user]
 
 
 def _special_of(processor: spm.SentencePieceProcessor) -> SpecialIds:
@@ -159,12 +183,33 @@ class Tokenizer:
             )
         self.src_vocab_size: int = self._src.get_piece_size()
         self.tgt_vocab_size: int = self._tgt.get_piece_size()
+        # Tags (user-defined symbols of the source model) -> their ids.
+        self.tags: dict[str, int] = {
+            tag: self._src.piece_to_id(tag) for tag in _user_symbols(self._src_bytes)
+        }
 
     # --- text <-> ids -------------------------------------------------------------------------
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source texts -> ids, without bos/eos."""
-        return _encode(self._src, texts)
+        """Source texts -> ids, without bos/eos.
+
+        Tags (``<2de> A man ...``: user-defined symbols, see :attr:`tags`) at the start of a
+        text, each followed by a space, become one id each, and the rest is encoded as if it
+        stood alone; SentencePiece itself would add a ``▁`` piece before the tag and change
+        the first word's pieces."""
+        if not self.tags or isinstance(texts, str):
+            return _encode(self._src, texts)
+        heads, bodies = [], []
+        for text in texts:
+            head = []
+            word, _, rest = text.partition(" ")
+            while word in self.tags:
+                head.append(self.tags[word])
+                text = rest
+                word, _, rest = text.partition(" ")
+            heads.append(head)
+            bodies.append(text)
+        return [head + ids for head, ids in zip(heads, _encode(self._src, bodies), strict=True)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target texts -> ids, without bos/eos."""
@@ -325,7 +370,10 @@ def train_or_load_tokenizer(
 
 def _cache_key(train: datasets.Dataset, cfg: TokenizerConfig) -> str:
     """The training split's fingerprint plus every setting and input that changes the model."""
-    parts = (train._fingerprint, sorted(asdict(cfg).items()), _SPM_SEED, spm.__version__)
+    settings = asdict(cfg)
+    if not settings["user_symbols"]:
+        del settings["user_symbols"]  # keys of models trained before tags existed stay valid
+    parts = (train._fingerprint, sorted(settings.items()), _SPM_SEED, spm.__version__)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
 
 
@@ -346,6 +394,7 @@ def _load_saved(out_dir: Path, cfg: TokenizerConfig) -> Tokenizer | None:
     else:
         return None
     _check_special(tokenizer, cfg, where)
+    check_tags(tokenizer, cfg.user_symbols, where)
     if tokenizer.src_vocab_size != cfg.vocab_size:
         log.warning(
             "%s has %d pieces but tokenizer.vocab_size=%d; keeping the saved model",
@@ -354,6 +403,19 @@ def _load_saved(out_dir: Path, cfg: TokenizerConfig) -> Tokenizer | None:
             cfg.vocab_size,
         )
     return tokenizer
+
+
+def check_tags(tokenizer: Tokenizer, tags: list[str], where: str) -> None:
+    """Every tag must be one of the tokenizer's user-defined symbols (else it would be split
+    into pieces, and mean nothing to the model)."""
+    unknown = [tag for tag in tags if tag not in tokenizer.tags]
+    if unknown:
+        known = ", ".join(tokenizer.tags) or "none"
+        raise DataError(
+            f"unknown tag(s) {', '.join(unknown)}: {where} has no such SentencePiece symbol "
+            f"(its tags: {known}); use a fresh run dir to train a model with them, or reserve "
+            "them with tokenizer.user_symbols=[...] when training the model you start from"
+        )
 
 
 def _check_special(tokenizer: Tokenizer, cfg: TokenizerConfig, where: str) -> None:
@@ -410,6 +472,7 @@ def _train_model(train: datasets.Dataset, columns: tuple[str, ...], cfg: Tokeniz
             bos_piece="<s>",
             eos_piece="</s>",
             minloglevel=2,  # errors only: the INFO log is hundreds of lines per model
+            **({"user_defined_symbols": cfg.user_symbols} if cfg.user_symbols else {}),
         )
     except RuntimeError as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__

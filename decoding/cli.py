@@ -173,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="reference translations: print sacreBLEU BLEU and chrF to stderr",
     )
     add(
+        "--tag",
+        metavar="TAG",
+        help="put TAG (one of the model's tags, e.g. <2de> for a multilingual model's target "
+        "language; train.py's data.corpora.*.tag) before every non-empty input line",
+    )
+    add(
         "--prefix",
         metavar="FILE",
         help="a target prefix per input line (UTF-8, line-aligned with the input; an empty "
@@ -353,6 +359,7 @@ def run(args: argparse.Namespace) -> None:
                 else:
                     job = Job(cfg.nbest, refs is not None, side, args.tab_prefix)
                     job = job._replace(align=args.print_alignment, layer=args.alignment_layer)
+                    job = job._replace(tag=args.tag)
                     done = translate_input(translator, source, out, job, n_lines, progress)
                 if side is not None:
                     side.check_end(done.lines)
@@ -380,6 +387,9 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     if device == "cpu":  # the device type: "cpu" or "cuda"
         keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
     model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
+    if args.tag is not None and args.tag not in tokenizer.tags:
+        known = ", ".join(tokenizer.tags) or "none"
+        raise UserError(f"--tag {args.tag} is not one of this model's tags ({known}); drop it")
     return Translator(model, tokenizer, cfg, device, args.inter_threads)
 
 
@@ -405,6 +415,7 @@ class Job(NamedTuple):
     tab_prefix: bool = False  # input lines are SOURCE<TAB>PREFIX
     align: bool = False  # --print-alignment
     layer: int | None = None  # --alignment-layer
+    tag: str | None = None  # --tag: put before each non-empty line
 
 
 def translate_input(
@@ -430,13 +441,16 @@ def translate_input(
                 lines, prefixes = split_tab_prefix(batch)
             elif job.prefixes is not None:
                 prefixes = job.prefixes.take(len(batch))
-            results = translator.translate_nbest(lines, bar.update, prefixes)
-            alignments = align_all(translator, lines, results, job.layer) if job.align else None
+            tagged = [f"{job.tag} {x}" if job.tag and x.strip() else x for x in lines]
+            results = translator.translate_nbest(tagged, bar.update, prefixes)
+            alignments = None
+            if job.align:
+                alignments = align_all(translator, tagged, results, job.layer, bool(job.tag))
             out.write(format_output(results, job.nbest, done, alignments).encode("utf-8"))
             out.flush()
             done += len(lines)
-            if first is None:
-                first = next((line for line in lines if line.strip()), None)
+            if first is None:  # with --tag, its attention is over the tagged source
+                first = next((line for line in tagged if line.strip()), None)
             if job.keep:
                 hyps.extend(best[0].text for best in results)
     return Translated(done, hyps, first)
@@ -449,9 +463,15 @@ def split_tab_prefix(lines: list[str]) -> tuple[list[str], list[str]]:
 
 
 def align_all(
-    translator: Translator, lines: list[str], results: list[list[TextHypothesis]], layer: int | None
+    translator: Translator,
+    lines: list[str],
+    results: list[list[TextHypothesis]],
+    layer: int | None,
+    tagged: bool = False,
 ) -> list[list[str]]:
-    """The word alignment of every hypothesis, Pharaoh-formatted, per sentence."""
+    """The word alignment of every hypothesis, Pharaoh-formatted, per sentence. `tagged`:
+    each non-empty line starts with a --tag word, which the alignment leaves out (source words
+    count from the first word after it)."""
     from decoding.alignment import format_alignment
 
     src_ids = translator.tokenizer.encode_src([line.strip() for line in lines])
@@ -460,7 +480,11 @@ def align_all(
         found = iter(translator.align([src_ids[i] for i, _ in pairs], [t for _, t in pairs], layer))
     except ValueError as e:  # a layer the model does not have
         raise UserError(f"--alignment-layer: {e}; pick another layer") from None
-    return [[format_alignment(next(found)) for _ in hyps] for hyps in results]
+    shift = 1 if tagged else 0
+    return [
+        [format_alignment([(i - shift, j) for i, j in next(found) if i >= shift]) for _ in hyps]
+        for hyps in results
+    ]
 
 
 def score_input(

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from model.attention import KVCache, MultiHeadAttention, padding_mask
 from model.config import ModelConfig
@@ -39,11 +40,17 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.checkpoint_activations = False  # training's trainer.activation_checkpointing
 
     def forward(self, x: Tensor, src_mask: Tensor, need_weights: bool = False) -> StackOutput:
         weights = []
         for layer in self.layers:
-            x, attn, _ = layer(x, src_mask, need_weights)
+            if self.checkpoint_activations and torch.is_grad_enabled():
+                # Keep only the layer's input; recompute the rest in the backward pass (the
+                # random state is restored, so dropout draws the same masks).
+                x, attn, _ = checkpoint(layer, x, src_mask, need_weights, use_reentrant=False)
+            else:
+                x, attn, _ = layer(x, src_mask, need_weights)
             weights.append(attn)
         return StackOutput(self.final_norm(x), weights if need_weights else None)
 
@@ -55,6 +62,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.checkpoint_activations = False  # as Encoder's; never with caches (decoding)
 
     def forward(
         self,
@@ -66,8 +74,13 @@ class Decoder(nn.Module):
     ) -> StackOutput:
         self_weights, cross_weights = [], []
         for i, layer in enumerate(self.layers):
-            cache = None if caches is None else caches[i]
-            x, self_attn, cross_attn = layer(x, memory, src_mask, cache, need_weights)
+            if self.checkpoint_activations and caches is None and torch.is_grad_enabled():
+                x, self_attn, cross_attn = checkpoint(
+                    layer, x, memory, src_mask, None, need_weights, use_reentrant=False
+                )
+            else:
+                cache = None if caches is None else caches[i]
+                x, self_attn, cross_attn = layer(x, memory, src_mask, cache, need_weights)
             self_weights.append(self_attn)
             cross_weights.append(cross_attn)
         if not need_weights:

@@ -10,27 +10,40 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import datasets
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from checkpoint import build_model
 from common.files import atomic_write
 from data.batching import BatchIterator, TokenBatchSampler, token_lengths
-from data.dataset import cache_root, encode_split, filter_train_pairs, load_split
-from data.tokenizer import Tokenizer, train_or_load_tokenizer
+from data.dataset import (
+    Corpus,
+    DataConfig,
+    cache_root,
+    corpora,
+    encode_split,
+    filter_train_pairs,
+    load_split,
+    tag_sources,
+)
+from data.errors import DataError
+from data.tokenizer import (
+    JOINT_MODEL,
+    SRC_MODEL,
+    Tokenizer,
+    check_tags,
+    train_or_load_tokenizer,
+)
 from model import ModelConfig
 from training import distributed
 from training.config import Configs, OptimConfig
 from training.ema import WeightEMA
 from training.schedule import inverse_sqrt_warmup, noam
 from training.state import Trainee, TrainState
-
-if TYPE_CHECKING:
-    import datasets
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +56,132 @@ class Data:
     train: datasets.Dataset  # encoded: src/tgt text, src_ids/tgt_ids, src_len/tgt_len
     valid: datasets.Dataset  # encoded
     test: dict[str, datasets.Dataset]  # raw text (src, tgt) per test split
+    # Several corpora (data.corpora): (pairs, weight) of each, in `train`'s row order.
+    mixture: list[tuple[int, float]] | None = None
+    test_langs: dict[str, str] = field(default_factory=dict)  # test split -> target language
 
 
-def load_data(cfg: Configs, run_dir: Path, seconds: dict[str, float] | None = None) -> Data:
-    """Load and filter the corpus, train (or reuse) SentencePiece, encode (cached on disk).
+def load_data(
+    cfg: Configs,
+    run_dir: Path,
+    seconds: dict[str, float] | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> Data:
+    """Load and filter the corpus (or each of `data.corpora`, with its tag), train (or reuse)
+    SentencePiece, encode (cached on disk).
 
     The test splits are loaded too, so that a missing one fails before training, not after.
     `seconds`, if given, receives the time of each stage (load, filter, sentencepiece, encode).
+    `tokenizer` (a checkpoint's, `trainer.init_from`) is used instead of training one; it is
+    saved into the run dir unless one is there.
     """
     data_cfg = cfg.data
     seconds = {} if seconds is None else seconds
+    listed = corpora(data_cfg)  # several corpora, or [] for the one `data` names
+    parts = listed or [Corpus("", data_cfg)]
     with _timed(seconds, "load"):
-        train_raw = load_split(data_cfg, data_cfg.train_split)
+        raws = [load_split(c.data, c.data.train_split) for c in parts]
     with _timed(seconds, "filter"):
-        train_raw = filter_train_pairs(train_raw, data_cfg)
+        raws = [
+            tag_sources(filter_train_pairs(raw, c.data), c.tag, c.data)
+            for raw, c in zip(raws, parts, strict=True)
+        ]
+    tags = list(dict.fromkeys(c.tag for c in parts if c.tag))
     with _timed(seconds, "sentencepiece"):
-        tokenizer = train_or_load_tokenizer(train_raw, cfg.tokenizer, run_dir, cache_root(data_cfg))
+        train_raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
+        tokenizer = _run_tokenizer(train_raw, cfg, run_dir, tokenizer, tags)
     with _timed(seconds, "encode"):
-        train = encode_split(train_raw, tokenizer, data_cfg, train=True)
-    with _timed(seconds, "load"):
-        valid_raw = load_split(data_cfg, data_cfg.valid_split)
-        test = {split: load_split(data_cfg, split) for split in data_cfg.test_splits}
-    with _timed(seconds, "encode"):
-        valid = encode_split(valid_raw, tokenizer, data_cfg, train=False)
+        trains = [
+            encode_split(raw, tokenizer, c.data, train=True)
+            for raw, c in zip(raws, parts, strict=True)
+        ]
+    if not listed:
+        with _timed(seconds, "load"):
+            valid_raw = load_split(data_cfg, data_cfg.valid_split)
+            test = {split: load_split(data_cfg, split) for split in data_cfg.test_splits}
+        with _timed(seconds, "encode"):
+            valid = encode_split(valid_raw, tokenizer, data_cfg, train=False)
+        test_langs = dict.fromkeys(test, data_cfg.tgt_lang)
+        mixture = None
+        train = trains[0]
+    else:
+        with _timed(seconds, "load"):
+            valid_raws, test, test_langs = _evaluation_splits(listed, data_cfg)
+        with _timed(seconds, "encode"):
+            valid = datasets.concatenate_datasets(
+                [encode_split(raw, tokenizer, data_cfg, train=False) for raw in valid_raws]
+            )
+        mixture = [(len(t), c.weight) for t, c in zip(trains, listed, strict=True)]
+        for (n, _), c in zip(mixture, listed, strict=True):
+            if n == 0:
+                raise DataError(
+                    f"corpus {c.name}: no training pairs within data.max_len={data_cfg.max_len} "
+                    "tokens; raise data.max_len or check the corpus"
+                )
+        train = datasets.concatenate_datasets(trains)
+        _log_mixture(listed, mixture)
     log.info(
         "data ready in %.1f s (%s)",
         sum(seconds.values()),
         ", ".join(f"{stage} {s:.1f} s" for stage, s in seconds.items()),
     )
-    return Data(tokenizer, train, valid, test)
+    return Data(tokenizer, train, valid, test, mixture, test_langs)
+
+
+def _evaluation_splits(
+    listed: list[Corpus], data_cfg: DataConfig
+) -> tuple[list[datasets.Dataset], dict[str, datasets.Dataset], dict[str, str]]:
+    """The tagged valid splits of `data.valid_from` and test splits of `data.test_from`
+    (named `<corpus>.<split>`) with their target languages."""
+    by_name = {c.name: c for c in listed}
+    valid = [
+        tag_sources(load_split(c.data, c.data.valid_split), c.tag, c.data)
+        for c in (by_name[n] for n in data_cfg.valid_from)
+    ]
+    test, langs = {}, {}
+    for name in data_cfg.valid_from if data_cfg.test_from is None else data_cfg.test_from:
+        c = by_name[name]
+        for split in c.data.test_splits:
+            test[f"{name}.{split}"] = tag_sources(load_split(c.data, split), c.tag, c.data)
+            langs[f"{name}.{split}"] = c.data.tgt_lang
+    return valid, test, langs
+
+
+def _log_mixture(listed: list[Corpus], mixture: list[tuple[int, float]]) -> None:
+    total, weights = sum(n for n, _ in mixture), sum(w for _, w in mixture)
+    for c, (n, w) in zip(listed, mixture, strict=True):
+        drawn = round(total * w / weights)
+        log.info(
+            "corpus %s: %d pairs, weight %g: %d pairs an epoch (%.2fx)%s",
+            c.name,
+            n,
+            w,
+            drawn,
+            drawn / n,
+            f", tag {c.tag}" if c.tag else "",
+        )
+
+
+def _run_tokenizer(
+    train_raw: datasets.Dataset,
+    cfg: Configs,
+    run_dir: Path,
+    given: Tokenizer | None,
+    tags: list[str],
+) -> Tokenizer:
+    """`given` (saved into the run dir unless a model is there: rank 0 writes it first), or
+    the run dir's / the cache's / a newly trained SentencePiece model; `tags` (the corpora's)
+    are user-defined symbols of a new model and must be ones of an existing model."""
+    if given is None:
+        settings = cfg.tokenizer
+        if tags:
+            symbols = list(dict.fromkeys([*settings.user_symbols, *tags]))
+            settings = replace(settings, user_symbols=symbols)
+        return train_or_load_tokenizer(train_raw, settings, run_dir, cache_root(cfg.data))
+    check_tags(given, tags, "the trainer.init_from checkpoint's SentencePiece model")
+    if not any((run_dir / name).is_file() for name in (JOINT_MODEL, SRC_MODEL)):
+        given.save(run_dir)
+    return given
 
 
 @contextmanager
@@ -82,7 +192,9 @@ def _timed(seconds: dict[str, float], stage: str) -> Iterator[None]:
     seconds[stage] = seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
-def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Data:
+def prepare_data(
+    cfg: Configs, run_dir: Path, ctx: distributed.DistContext, tokenizer: Tokenizer | None = None
+) -> Data:
     """`load_data` on rank 0 first; the other ranks wait, then load its results from the
     caches; no rank goes on until every rank has its data. All waiting is on files in the run
     dir, not in collectives, so however long SentencePiece and encoding take (WMT: many
@@ -90,7 +202,7 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
     the others stop with its message instead of waiting (on another node, torchrun could not
     stop them)."""
     if not ctx.enabled:
-        return load_data(cfg, run_dir)
+        return load_data(cfg, run_dir, tokenizer=tokenizer)
     token = distributed.broadcast_object(uuid.uuid4().hex, ctx)  # new for every launch
     ready = run_dir / ".ready"
     failed = ready / "failed"
@@ -98,7 +210,7 @@ def prepare_data(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> D
         if not ctx.is_main:
             log.info("waiting for rank 0 to prepare the data")
             distributed.wait_for_file(ready / "prepared", token, failed)
-        data = load_data(cfg, run_dir)
+        data = load_data(cfg, run_dir, tokenizer=tokenizer)
         if ctx.is_main:
             atomic_write(ready / "prepared", token)
     except Exception as e:
@@ -116,6 +228,9 @@ def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> T
     model_cfg = sized_model_config(cfg.model, tokenizer)
     model = build_model(model_cfg, device=device)
     log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
+    if cfg.trainer.activation_checkpointing:
+        model.encoder.checkpoint_activations = model.decoder.checkpoint_activations = True
+        log.info("activation checkpointing: each layer recomputed in the backward pass")
     decay = cfg.trainer.ema_decay
     return Trainee(
         model,
@@ -136,6 +251,7 @@ def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> Bat
         shuffle=True,
         rank=ctx.rank,
         world_size=ctx.world_size,
+        mixture=data.mixture,
     )
     waste = sampler.padding_stats().get("waste", 0.0)
     log.info(

@@ -62,6 +62,9 @@ class TrainerConfig:
     tf32: bool = True
     prefetch: int = 2
     ema_decay: float = 0.0
+    init_from: str | None = None
+    init_keep_optimizer: bool = False
+    activation_checkpointing: bool = False
 
 
 @dataclass

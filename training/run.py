@@ -33,6 +33,7 @@ from training.evaluate import (
     valid_loss,
     write_results,
 )
+from training.init import command_line_keys, initial_checkpoint
 from training.logger import TrainLogger
 from training.state import Trainee, checkpoint_payloads, resume, rng_state, seed_everything
 
@@ -61,14 +62,19 @@ class Run(Learner):
 
     @classmethod
     def start(cls, cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Run:
-        """Data, model, optimizer; resume from `last.pt` if there is one (before DDP wraps)."""
+        """Data, model, optimizer; resume from `last.pt` if there is one (before DDP wraps),
+        else start from `trainer.init_from`'s weights if set (`training.init`)."""
         log.info(
             "device: %s (%s), world size %d", ctx.device, _device_name(ctx.device), ctx.world_size
         )
         seed_everything(cfg.trainer.seed)  # the same initial weights on every rank
-        data = build.prepare_data(cfg, run_dir, ctx)
+        initial = initial_checkpoint(cfg, run_dir, command_line_keys())  # trainer.init_from
+        tokenizer = initial.tokenizer if initial else None
+        data = build.prepare_data(cfg, run_dir, ctx, tokenizer)
         trainee = build.build_trainee(cfg, data.tokenizer, ctx.device)
         if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx):
+            if initial is not None:
+                initial.load_into(trainee, cfg.trainer.init_keep_optimizer)
             seed_everything(cfg.trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams
         return cls(
             cfg=cfg,
@@ -193,7 +199,7 @@ class Run(Learner):
                 score["chrf"],
                 score["signature"],
             )
-            hyp_file = self.run_dir / f"hyp.{split}.{self.cfg.data.tgt_lang}"
+            hyp_file = self.run_dir / f"hyp.{split}.{self.data.test_langs[split]}"
             atomic_write(hyp_file, "\n".join(hyps) + "\n")
         if ctx.is_main:
             write_results(self.run_dir, results)

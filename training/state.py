@@ -103,7 +103,7 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             log.info("%s has no weight average: EMA starts from its weights", last)
     elif "train_weights" in ckpt:
         log.warning("%s holds a weight average; trainer.ema_decay=0 drops it", last)
-    _load_optimizer(trainee.optimizer, ckpt["optimizer"], last)
+    load_optimizer(trainee.optimizer, ckpt["optimizer"], last)
     if trainee.scaler.is_enabled() and not ckpt["scaler"]:
         log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
     elif trainee.scaler.is_enabled():
@@ -135,7 +135,7 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
     return True
 
 
-def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict, path: Path) -> None:
+def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict, path: Path) -> None:
     """Load the moments and step counters, but keep this run's hyper-parameters and
     implementation (`load_state_dict` would restore the saved `fused`, betas, eps...)."""
     wanted = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
