@@ -357,9 +357,15 @@ def run(args: argparse.Namespace) -> None:
                     assert side is not None
                     done = score_input(translator, source, out, side, args.token_scores)
                 else:
-                    job = Job(cfg.nbest, refs is not None, side, args.tab_prefix)
-                    job = job._replace(align=args.print_alignment, layer=args.alignment_layer)
-                    job = job._replace(tag=args.tag)
+                    job = Job(
+                        nbest=cfg.nbest,
+                        keep=refs is not None,
+                        prefixes=side,
+                        tab_prefix=args.tab_prefix,
+                        align=args.print_alignment,
+                        layer=args.alignment_layer,
+                        tag=args.tag,
+                    )
                     done = translate_input(translator, source, out, job, n_lines, progress)
                 if side is not None:
                     side.check_end(done.lines)
