@@ -103,6 +103,32 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """`--device`, `--precision`, `--quantize`: where and how the model runs (translate.py and
+    serve.py; `load_model` reads them)."""
+    add = parser.add_argument
+    add(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="auto = cuda when available, else cpu (default: auto)",
+    )
+    add(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="autocast dtype during search: bf16 runs on CPU and recent GPUs, fp16 on GPUs "
+        "(and CPUs where torch supports it) (default: fp32)",
+    )
+    add(
+        "--quantize",
+        choices=QUANTIZE,
+        default="none",
+        help="int8: dynamic int8 quantization of every linear layer (torch.ao), CPU only "
+        "(default: none)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
@@ -124,26 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "then renormalised; the checkpoints must share one tokenizer, their sizes may differ)",
     )
     add_search_flags(parser)
-    add(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto = cuda when available, else cpu (default: auto)",
-    )
-    add(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="autocast dtype during search: bf16 runs on CPU and recent GPUs, fp16 on GPUs "
-        "(and CPUs where torch supports it) (default: fp32)",
-    )
-    add(
-        "--quantize",
-        choices=QUANTIZE,
-        default="none",
-        help="int8: dynamic int8 quantization of every linear layer (torch.ao), CPU only "
-        "(default: none)",
-    )
+    add_runtime_flags(parser)
     add(
         "--inter-threads",
         type=_number(int, 1),
@@ -380,6 +387,18 @@ def run(args: argparse.Namespace) -> None:
 
 def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     """The checkpoint(s) on the device the flags ask for, in a `Translator`."""
+    from decoding.translator import Translator
+
+    model, tokenizer, device = load_model(args, args.checkpoint)
+    if args.tag is not None and args.tag not in tokenizer.tags:
+        known = ", ".join(tokenizer.tags) or "none"
+        raise UserError(f"--tag {args.tag} is not one of this model's tags ({known}); drop it")
+    return Translator(model, tokenizer, cfg, device, args.inter_threads)
+
+
+def load_model(args: argparse.Namespace, checkpoints: list[str]) -> tuple:
+    """(model or ensemble, tokenizer, device type) for `add_runtime_flags`' flags: the device
+    resolved, the flags checked against it, CPU malloc tuned, the engine loaded."""
     from common import runtime
 
     device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
@@ -387,16 +406,12 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     runtime.check_autocast(device, args.precision, "--precision")
 
     from common.memory import keep_freed_memory
-    from decoding.translator import Translator
     from engine import load_engine
 
     if device == "cpu":  # the device type: "cpu" or "cuda"
         keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
-    model, tokenizer = load_engine(args.checkpoint, device, args.quantize)
-    if args.tag is not None and args.tag not in tokenizer.tags:
-        known = ", ".join(tokenizer.tags) or "none"
-        raise UserError(f"--tag {args.tag} is not one of this model's tags ({known}); drop it")
-    return Translator(model, tokenizer, cfg, device, args.inter_threads)
+    model, tokenizer = load_engine(checkpoints, device, args.quantize)
+    return model, tokenizer, device
 
 
 def runtime_precision(args: argparse.Namespace, translator: Translator):  # noqa: ANN201

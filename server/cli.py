@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from decoding.cli import PRECISIONS, QUANTIZE, add_search_flags, check_quantize, search_config
+from decoding.cli import add_runtime_flags, add_search_flags, load_model, search_config
 
 PROG = "serve.py"
 
@@ -61,24 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     add("--port", type=_at_least(0), default=8000, help="port; 0 = any free one (default: 8000)")
     add_search_flags(parser)
-    add(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="auto = cuda when available, else cpu (default: auto)",
-    )
-    add(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="autocast dtype during search (default: fp32)",
-    )
-    add(
-        "--quantize",
-        choices=QUANTIZE,
-        default="none",
-        help="int8 linear layers, CPU only (default: none)",
-    )
+    add_runtime_flags(parser)
     add(
         "--batch-wait-ms",
         type=_at_least(0, float),
@@ -205,19 +188,12 @@ def run(args: argparse.Namespace) -> None:
     import uvicorn
 
     from common import runtime
-    from common.memory import keep_freed_memory
     from decoding.translator import Translator
-    from engine import load_engine
     from server.app import Limits, Service, create_app
     from server.batcher import Batcher
 
-    device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
-    check_quantize(args.quantize, device, args.precision)
-    runtime.check_autocast(device, args.precision, "--precision")
+    model, tokenizer, device = load_model(args, [args.checkpoint])
     info = model_info(args.checkpoint)
-    if device == "cpu":
-        keep_freed_memory()
-    model, tokenizer = load_engine([args.checkpoint], device, args.quantize)
     vocab = {"source": tokenizer.src_vocab_size, "target": tokenizer.tgt_vocab_size}
     info["parameters"] = sum(p.numel() for p in model.parameters())  # tied weights once
     info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
