@@ -154,13 +154,20 @@ def _start(
     special: SpecialTokens,
     cfg: SearchConfig,
     prefix: Tensor | None = None,
+    copies: int = 1,
 ) -> _Batch:
-    """Encode once; one row per sentence."""
+    """Encode once; one row per sentence, or `copies` consecutive rows per sentence (samples
+    drawn independently), which then get pruned one by one like sentences."""
     src_mask = padding_mask(src_ids, special.pad)  # (B, S)
     memory = model.encode(src_ids, src_mask)  # (B, S, D)
     max_len = max_lengths(src_ids, special, cfg.max_len_a, cfg.max_len_b)  # (B,)
     if prefix is not None:  # the budget holds at least the prefix
         max_len = torch.maximum(max_len, prefix.ge(0).sum(dim=1))
+    if copies > 1:  # (B * copies, ...): the encoder still ran once per sentence
+        memory, src_mask, max_len = (
+            x.repeat_interleave(copies, dim=0) for x in (memory, src_mask, max_len)
+        )
+        prefix = None if prefix is None else prefix.repeat_interleave(copies, dim=0)
     return _Batch(memory, src_mask, max_len, model.new_caches(), prefix)
 
 
@@ -394,15 +401,12 @@ def sample_search(
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
     """
-    n = cfg.nbest
-    if n > 1:  # n rows per sentence, each sampled on its own
-        src_ids = src_ids.repeat_interleave(n, dim=0)  # (B * n, S)
-        prefix = None if prefix is None else prefix.repeat_interleave(n, dim=0)
+    n = cfg.nbest  # n rows per sentence, each sampled on its own
 
     def draw(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return sample_tokens(logits, special, cfg, no_eos, at_limit, generator)
 
-    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling").hypotheses
+    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling", n).hypotheses
     per_sentence = [[hyp for row in rows[i : i + n] for hyp in row] for i in range(0, len(rows), n)]
     return SearchResult([_nbest(hyps, n) for hyps in per_sentence])
 
@@ -415,11 +419,12 @@ def _one_per_row(
     prefix: Tensor | None,
     pick: Callable[[Tensor, bool, Tensor], tuple[Tensor, Tensor]],
     what: str,
+    copies: int = 1,
 ) -> SearchResult:
-    """One hypothesis per source row, extended by `pick`'s token until EOS (greedy search
-    picks the best token, sampling draws one)."""
-    batch = _start(model, src_ids, special, cfg, prefix)
-    B, device = src_ids.size(0), src_ids.device
+    """`copies` hypotheses per source row (rows of the result: B * copies), each extended by
+    `pick`'s token until EOS (greedy search picks the best token, sampling draws one)."""
+    batch = _start(model, src_ids, special, cfg, prefix, copies)
+    B, device = src_ids.size(0) * copies, src_ids.device
     sent_ids = torch.arange(B)  # (N,) on the CPU: input index of each live row
     tokens = torch.full((B, 1), special.bos, dtype=torch.long, device=device)  # (N, t + 1)
     sums = torch.zeros(B, 1, device=device)  # (N, 1) log-probability so far
