@@ -79,6 +79,9 @@ class TokenizerConfig:
         user_symbols: Tags (e.g. ``<2de>``, ``<BT>``) made SentencePiece user-defined symbols,
             so each is one piece; the corpora's tags (``data.corpora.*.tag``) are added to
             these. Reserve here the tags a later fine-tuning run will need.
+        src_lang, tgt_lang: The language pair, in the model's own codes, when fine-tuning an
+            imported multilingual model (``trainer.init_from``; see
+            :meth:`Tokenizer.for_languages`); None for every other model.
     """
 
     vocab_size: int = 8000
@@ -91,6 +94,8 @@ class TokenizerConfig:
     bos_id: int = 2
     eos_id: int = 3
     user_symbols: list[str] = field(default_factory=list)
+    src_lang: str | None = None
+    tgt_lang: str | None = None
 
     def __post_init__(self) -> None:
         for tag in self.user_symbols:
@@ -282,8 +287,9 @@ class Tokenizer:
         if vocab is None or not vocab.languages:
             if src_lang is not None or tgt_lang is not None:
                 raise DataError(
-                    f"this model has no language codes, so --src-lang/--tgt-lang "
-                    f"({src_lang or '-'} -> {tgt_lang or '-'}) mean nothing to it; drop them"
+                    f"this model has no language codes, so a language pair "
+                    f"({src_lang or '-'} -> {tgt_lang or '-'}) means nothing to it; drop "
+                    "--src-lang/--tgt-lang (tokenizer.src_lang/tgt_lang)"
                 )
             return self
         src_lang = src_lang if src_lang is not None else vocab.src_lang
@@ -291,9 +297,11 @@ class Tokenizer:
         needed = ("source", "target") if vocab.convention == "nllb" else ("target",)
         for side, code in (("source", src_lang), ("target", tgt_lang)):
             if code is None and side in needed:
+                key = "src_lang" if side == "source" else "tgt_lang"
                 raise DataError(
                     f"this model translates between several languages: name the {side} "
-                    f"language (--{side[:3]}-lang), one of {_codes(vocab.languages)}"
+                    f"language (--{key.replace('_', '-')}; tokenizer.{key} when fine-tuning), "
+                    f"one of {_codes(vocab.languages)}"
                 )
             if code is not None and side in needed and code not in vocab.languages:
                 raise DataError(
@@ -580,8 +588,9 @@ def train_or_load_tokenizer(
 def _cache_key(train: datasets.Dataset, cfg: TokenizerConfig) -> str:
     """The training split's fingerprint plus every setting and input that changes the model."""
     settings = asdict(cfg)
-    if not settings["user_symbols"]:
-        del settings["user_symbols"]  # keys of models trained before tags existed stay valid
+    for key in ("user_symbols", "src_lang", "tgt_lang"):  # keys of models trained before
+        if not settings[key]:  # these settings existed stay valid
+            del settings[key]
     parts = (train._fingerprint, sorted(settings.items()), _SPM_SEED, spm.__version__)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
 

@@ -256,8 +256,8 @@ class Translator:
         ids = self.tokenizer.encode_src([sentence.strip()])[0]
         if not ids:
             raise ValueError("cannot show attention for an empty sentence")
-        special = self.tokenizer.special
-        hyp = self.search_ids([ids])[0][0]
+        special, given = self.tokenizer.special, self.tokenizer.target_prefix()
+        hyp = self.search_ids([ids], prefix_ids=[given] if given else None, given=len(given))[0][0]
         src = encode_source_batch([ids], special).to(self.device)  # (1, S)
         tgt_in = torch.tensor([[special.bos] + hyp.tokens], device=self.device)  # (1, T)
         with self._eval_mode():
@@ -333,7 +333,7 @@ class Translator:
         no specials) from the cross-attention of decoder layer `layer` (0-based; negative
         counts from the top; None: the penultimate, see `decoding.alignment`), averaged over
         heads; teacher-forced, in batches of `batch_size`."""
-        special = self.tokenizer.special
+        special, given = self.tokenizer.special, self.tokenizer.target_prefix()
         results: list[Alignment] = [[] for _ in src_ids]
         pairs = [i for i in range(len(src_ids)) if src_ids[i] and tgt_ids[i]]
         size = self.search_cfg.batch_size
@@ -341,12 +341,13 @@ class Translator:
             for start in range(0, len(pairs), size):
                 chunk = pairs[start : start + size]
                 src = encode_source_batch([src_ids[i] for i in chunk], special).to(self.device)
-                tgt_rows = [tgt_ids[i] for i in chunk]
+                tgt_rows = [given + tgt_ids[i] for i in chunk]  # NLLB: its language token
                 tgt_in = pad_rows(tgt_rows, special.pad, prefix=[special.bos]).to(self.device)
                 maps = self.model.attention_maps(src, tgt_in).cross  # L x (B, H, T, S)
                 weights = maps[_layer_index(layer, len(maps))].float().mean(dim=1).cpu()
                 for row, i in enumerate(chunk):
-                    cross = weights[row, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
+                    rows = slice(len(given), len(given) + len(tgt_ids[i]) + 1)
+                    cross = weights[row, rows, : len(src_ids[i]) + 1]
                     results[i] = word_alignment(
                         cross,
                         self.tokenizer.src_pieces(src_ids[i]),

@@ -27,9 +27,11 @@ import sentencepiece as spm
 import torch
 
 from checkpoint import load_for_inference
+from data.batching import collate
 from decoding import SearchConfig
 from decoding.translator import Translator
 from exporting.shared import budgets
+from model.kernels import label_smoothed_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "fixtures" / "toy"
@@ -380,3 +382,118 @@ def test_search_ids_equal_generate(family: Family, beam: int) -> None:
     mine = [ids[len(tokenizer.target_prefix()) :] for ids in mine]
     theirs = hf_generate_ids(family, tokenizer, src_ids, cfg)
     assert mine == theirs
+
+
+def test_finetuning_loss_equals_transformers(family: Family) -> None:
+    """The data pipeline's encoding (source language token, EOS, NLLB's target language
+    token) and our loss without label smoothing give Transformers' loss on the same batch."""
+    from data.dataset import _encode_batch
+
+    model, tokenizer = ours(family)
+    encoded = _encode_batch(EN[:12], DE[:12], tokenizer, None)
+    batch = collate(encoded["src_ids"], encoded["tgt_ids"], tokenizer.special)
+    with torch.no_grad():
+        logits = model(batch.src_ids, batch.tgt_in)
+        loss = label_smoothed_cross_entropy(logits, batch.tgt_out, batch.pad_id, 0.0).loss
+        mine = loss / batch.n_tgt_tokens
+        src = _padded(hf_source_ids(family, EN[:12]), tokenizer.special.pad)
+        labels = _padded(hf_target_ids(family, DE[:12]), -100)
+        theirs = family.hf(
+            input_ids=src, attention_mask=src.ne(tokenizer.special.pad), labels=labels
+        ).loss
+    assert torch.equal(batch.src_ids, src)
+    assert abs(mine.item() - theirs.item()) < 1e-5 * max(1.0, theirs.item())
+
+
+def test_translate_py_languages_and_errors(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """translate.py --src-lang/--tgt-lang on an NLLB import: the target language token is
+    forced and not printed; --score scores what search finds; a code the model lacks is one
+    line listing its codes."""
+    fam = _family("nllb-200", tmp_path_factory.mktemp("cli"), EN, DE, 120)
+    model, tokenizer = ours(fam)
+    translator = Translator(model, tokenizer, SearchConfig(beam_size=2, nbest=1))
+    expected = translator.translate_nbest(EN[:3])
+    flags = ["-c", str(fam.run), "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn"]
+    env = {**os.environ, **OFFLINE}
+    out = subprocess.run(
+        [sys.executable, str(TRANSLATE), *flags, "--beam", "2", "--nbest", "1", *EN[:3]],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == [nbest[0].text for nbest in expected]
+    assert not any("deu_Latn" in line for line in lines)
+    hyps = tmp_path_factory.mktemp("hyps") / "hyp.de"
+    hyps.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    src = hyps.parent / "src.en"
+    src.write_text("".join(line + "\n" for line in EN[:3]), encoding="utf-8")
+    scored = subprocess.run(
+        [sys.executable, str(TRANSLATE), *flags, "--beam", "2", "--input", str(src),
+         "--score", str(hyps)],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr
+    wanted = translator.score(EN[:3], lines)
+    for line, score in zip(scored.stdout.splitlines(), wanted, strict=True):
+        assert float(line.split("\t")[0]) == pytest.approx(score.score, abs=1e-3)
+    # search's scores are the teacher-forced ones of its own ids, language token included
+    given = tokenizer.target_prefix()
+    src_ids = tokenizer.encode_src(EN[:3])
+    rescored = translator.score_ids(src_ids, [given + n[0].tokens for n in expected], len(given))
+    for nbest, score in zip(expected, rescored, strict=True):
+        assert score.score == pytest.approx(nbest[0].score, abs=1e-4)
+        assert score.token_log_probs[0] == 0.0  # the given language token
+    bad = subprocess.run(
+        [sys.executable, str(TRANSLATE), "-c", str(fam.run), "--src-lang", "eng_Latn",
+         "--tgt-lang", "xxx_Latn", "A man."],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "xxx_Latn" in bad.stderr and "deu_Latn" in bad.stderr
+    missing = subprocess.run(
+        [sys.executable, str(TRANSLATE), "-c", str(fam.run), "A man."],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1
+    assert "--src-lang" in missing.stderr
+
+
+def test_user_errors_are_one_line_and_write_nothing(tmp_path: Path) -> None:
+    folder = marian_folder(tmp_path / "opus", OPUS_MT_EN_DE, EN, DE, 80)
+    out = tmp_path / "out"
+
+    def refused(src: Path, *words: str) -> None:
+        result = import_cli(src, "--out", out)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith("import_hf.py: error: ") and result.stderr.count("\n") == 1
+        for word in words:
+            assert word in result.stderr
+        assert not out.exists() or not any(out.iterdir())
+        assert not list(tmp_path.glob(".out.*"))  # no staging folder left behind
+
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    (t5 / "config.json").write_text(json.dumps({"architectures": ["T5ForConditionalGeneration"]}))
+    refused(t5, "T5ForConditionalGeneration", "MarianMTModel", "M2M100ForConditionalGeneration")
+    no_vocab = tmp_path / "no-vocab"
+    no_vocab.mkdir()
+    for file in folder.iterdir():
+        if file.name != "vocab.json":
+            (no_vocab / file.name).write_bytes(file.read_bytes())
+    refused(no_vocab, "vocab.json")
+    wrong = tmp_path / "wrong-size"
+    wrong.mkdir()
+    for file in folder.iterdir():
+        (wrong / file.name).write_bytes(file.read_bytes())
+    config = json.loads((wrong / "config.json").read_text())
+    config["vocab_size"] += 7
+    (wrong / "config.json").write_text(json.dumps(config))
+    refused(wrong, "vocab_size", "rows")
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = import_cli(folder, "--out", out)
+    assert result.returncode == 1 and "not empty" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    assert import_cli(folder, "--out", out).returncode == 0
+    assert (out / "checkpoints" / "best.pt").is_file() and (out / "tokenizer.pt").is_file()
