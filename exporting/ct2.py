@@ -40,6 +40,8 @@ from model import Transformer, sinusoid_table
 # An exported fp32 model is not written when the log-probabilities it gives our greedy outputs
 # differ from ours by more.
 LOGPROB_ATOL = 1e-3
+# Our feed-forward activations by CTranslate2's names (`specs.common_spec.Activation`).
+_CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}
 # CTranslate2's weight types (`ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES`).
 _INT8_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16")
 QUANTIZATIONS = (*_INT8_TYPES, "int16", "float16", "bfloat16", "float32")
@@ -55,7 +57,7 @@ def ct2_spec(model: Transformer, tokenizer: Tokenizer, max_positions: int = MAX_
         (cfg.n_encoder_layers, cfg.n_decoder_layers),
         cfg.n_heads,
         pre_norm=cfg.norm_first,  # pre-norm: + a final LayerNorm after each stack, as ours
-        activation=specs.common_spec.Activation.RELU,
+        activation=getattr(specs.common_spec.Activation, _CT2_ACTIVATIONS[cfg.activation]),
     )
 
     def array(t: Tensor) -> Any:
@@ -74,14 +76,16 @@ def ct2_spec(model: Transformer, tokenizer: Tokenizer, max_positions: int = MAX_
         linear(dst.linear_0, ff.linear1.weight, ff.linear1.bias)
         linear(dst.linear_1, ff.linear2.weight, ff.linear2.bias)
 
-    table = array(sinusoid_table(max_positions, D))  # (P, D) ours: sin/cos interleaved
+    # (P, D): the model's own layout (interleaved; an imported model's halves or fairseq's)
+    table = array(sinusoid_table(max_positions, D, cfg.positions, cfg.pad_id))
     for stack, embed in ((spec.encoder, model.src_embed), (spec.decoder, model.tgt_embed)):
         embeddings = stack.embeddings[0] if stack is spec.encoder else stack.embeddings
         embeddings.weight = array(embed.weight)
         stack.position_encodings.encodings = table
         stack.scale_embeddings = True  # x sqrt(d_model)
     spec.decoder.start_from_zero_embedding = False  # the first step reads BOS's embedding
-    linear(spec.decoder.projection, model.generator.weight)  # tied: the same values
+    # tied: the same values; an imported OPUS-MT model's final_logits_bias as the bias
+    linear(spec.decoder.projection, model.generator.weight, model.generator.bias)
     if cfg.norm_first:
         norm(spec.encoder.layer_norm, model.encoder.final_norm)
         norm(spec.decoder.layer_norm, model.decoder.final_norm)

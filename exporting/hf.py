@@ -57,7 +57,7 @@ LOGITS_ATOL = 1e-3
 
 def check_marian(cfg: ModelConfig) -> None:
     """Refuse what `MarianMTModel` cannot express (one line, before anything is written)."""
-    if cfg.norm_first:
+    if cfg.positions == "fairseq" or cfg.norm_first:  # an NLLB / M2M100 model is pre-norm
         raise ExportError(
             "this model is pre-norm (model.norm_first=true) and MarianMTModel is post-norm "
             "only, so it cannot be exported to Transformers; export it to CTranslate2 "
@@ -91,7 +91,7 @@ def marian_config(cfg: ModelConfig, special: SpecialIds, max_positions: int = MA
         dropout=cfg.dropout,
         attention_dropout=cfg.attn_dropout,
         activation_dropout=cfg.act_dropout,
-        activation_function="relu",
+        activation_function={"silu": "swish"}.get(cfg.activation, cfg.activation),
         scale_embedding=True,  # x sqrt(d_model), as ours
         max_position_embeddings=max_positions,
         share_encoder_decoder_embeddings=cfg.share_embeddings,
@@ -132,7 +132,9 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
     permuted (see the module docstring). Without position tables: Marian builds its own."""
     cfg = model.cfg
     check_marian(cfg)
-    perm = marian_permutation(cfg.d_model)
+    # An imported OPUS-MT model already has Marian's layout: nothing to renumber.
+    halves = cfg.positions == "halves"
+    perm = torch.arange(cfg.d_model) if halves else marian_permutation(cfg.d_model)
     D = cfg.d_model
     out: dict[str, Tensor] = {}
 
@@ -165,7 +167,10 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
     out["model.encoder.embed_tokens.weight"] = src_embed
     out["model.decoder.embed_tokens.weight"] = tgt_embed
     out["lm_head.weight"] = tgt_embed if cfg.tie_output else reads(model.generator.weight)
-    out["final_logits_bias"] = torch.zeros(1, cfg.tgt_vocab_size)
+    bias = model.generator.bias
+    out["final_logits_bias"] = (
+        torch.zeros(1, cfg.tgt_vocab_size) if bias is None else fp32(bias).reshape(1, -1)
+    )
     for i, layer in enumerate(model.encoder.layers):
         prefix = f"model.encoder.layers.{i}"
         attention(f"{prefix}.self_attn", layer.self_attn)

@@ -70,9 +70,10 @@ def our_search_ids(
 def probe_sentences(tokenizer: Tokenizer, n: int = 8, seed: int = 0) -> list[str]:
     """Deterministic source text made of the vocabulary's own pieces (any language)."""
     gen = torch.Generator().manual_seed(seed)
-    first = max(vars(tokenizer.special).values()) + 1  # no specials
+    specials = set(vars(tokenizer.special).values())  # (an imported model's may come last)
+    pieces = torch.tensor([i for i in range(tokenizer.src_vocab_size) if i not in specials])
     ids = [
-        torch.randint(first, tokenizer.src_vocab_size, (int(k),), generator=gen).tolist()
+        pieces[torch.randint(0, len(pieces), (int(k),), generator=gen)].tolist()
         for k in torch.randint(3, 16, (n,), generator=gen)
     ]
     return [text for text in tokenizer.decode_src(ids) if text.strip()] or ["a"]
