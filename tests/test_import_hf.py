@@ -626,3 +626,44 @@ def test_export_round_trip(family: Family, tmp_path_factory: pytest.TempPathFact
     exported = Family(family.name, out / "hf", family.run, back, hf_tokenizer(out / "hf"), {})
     exported.langs = family.langs
     assert hf_source_ids(exported, EN) == hf_source_ids(family, EN)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["nllb-200"], indirect=True)
+def test_train_py_finetunes_an_import_and_resumes_exactly(family: Family, tmp_path: Path) -> None:
+    """`train.py trainer.init_from=IMPORT` on the toy corpus (de->en) with the model's
+    language codes and activation checkpointing: 6 updates straight equal 3 + a resume to 6;
+    the fine-tuned run translates with the import's conventions."""
+    from checkpoint import load_checkpoint
+    from tests.train_helpers import run_train
+
+    args = (
+        f"trainer.init_from={family.run}", "tokenizer.src_lang=deu_Latn",
+        "tokenizer.tgt_lang=eng_Latn", "trainer.activation_checkpointing=true",
+        "trainer.eval_every=3", "model.dropout=0.1",
+    )  # fmt: skip
+    env = {**os.environ, **OFFLINE}
+    straight = run_train(tmp_path / "straight", *args, "trainer.max_steps=6", env=env)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    first = run_train(tmp_path / "resumed", *args, "trainer.max_steps=3", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run_train(tmp_path / "resumed", *args, "trainer.max_steps=6", env=env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 6
+    for name, value in a["model"].items():
+        torch.testing.assert_close(b["model"][name], value, atol=0, rtol=0, msg=name)
+    initial = load_checkpoint(family.run)["model"]["src_embed.weight"]
+    assert not torch.equal(a["model"]["src_embed.weight"], initial)  # it trained
+    model, tokenizer, _ = load_for_inference(tmp_path / "straight")
+    assert (
+        tokenizer.target_prefix() == tokenizer.for_languages("deu_Latn", "eng_Latn").target_prefix()
+    )
+    assert tokenizer.encode_src(DE[:2])[0][0] == tokenizer.vocab.languages["deu_Latn"]
+    bad = run_train(
+        tmp_path / "bad", f"trainer.init_from={family.run}", "trainer.max_steps=1", env=env
+    )
+    assert (
+        bad.returncode == 2 and "tokenizer.src_lang" in bad.stderr
+    )  # train.py: 2 for a user error
