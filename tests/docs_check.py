@@ -24,8 +24,9 @@ skipped only when the docs say so: an HTML comment right above its fenced block,
 
     <!-- docs-check: skip curl: needs a running serve.py -->
 
-skips the block's lines whose program is `curl` (`*`: every line), and the report names each
-skipped line with the reason. A command of an unknown program, untagged, is a failure.
+skips the block's lines whose program is `curl` (or whose script or module is the word named,
+e.g. `tests.test_serve_page`; `*`: every line), or, above a paragraph, the
+commands in its inline code; the report names each skipped command with the reason. A command of an unknown program, untagged, is a failure.
 
 Links: every relative Markdown link `[text](path#anchor)` in README.md and docs/*.md, and every
 `docs/NAME.md#anchor` or `README.md#anchor` written in YAML, Python, shell and Makefile text,
@@ -98,6 +99,7 @@ class Outcome:
 class Report:
     outcomes: list[Outcome] = field(default_factory=list)
     links_checked: int = 0
+    names_checked: int = 0
     link_failures: list[str] = field(default_factory=list)
 
     def failures(self) -> list[str]:
@@ -156,8 +158,9 @@ def markdown_commands(text: str, rel: str) -> list[Command]:
     lines = text.splitlines()
     out: list[Command] = []
     fence: str | None = None  # the open block's language
-    skips: dict[str, str] = {}
-    pending: dict[str, str] = {}
+    skips: dict[str, str] = {}  # of the open block
+    pending: dict[str, str] = {}  # tags read, for the block or paragraph that follows
+    paragraph: dict[str, str] = {}  # of the paragraph being read (its inline spans)
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -167,10 +170,12 @@ def markdown_commands(text: str, rel: str) -> list[Command]:
                 pending[m.group(1)] = m.group(2)
             elif line.startswith("```"):
                 fence = line[3:].strip().lower()
-                skips, pending = pending, {}
+                skips, pending, paragraph = pending, {}, {}
+            elif not line.strip():
+                paragraph = {}
             else:
-                if line.strip():
-                    pending = {}  # a tag applies only to the block right after it
+                if pending:
+                    paragraph, pending = pending, {}
                 for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", line):
                     span = m.group(1).strip()
                     try:
@@ -178,7 +183,7 @@ def markdown_commands(text: str, rel: str) -> list[Command]:
                     except ValueError:
                         continue
                     if _is_command(words) or _is_override_span(words):
-                        out.append(Command(rel, i + 1, span, inline=True))
+                        out.append(_tagged(Command(rel, i + 1, span, inline=True), paragraph))
             i += 1
             continue
         if line.startswith("```"):
@@ -217,9 +222,9 @@ def _tagged(command: Command, skips: dict[str, str]) -> Command:
         words = _strip_env(_split(command.text))
     except ValueError:
         return command
-    program = Path(words[0]).name if words else ""
+    names = {w for w in words[:3] if not w.startswith("-")} | {Path(w).name for w in words[:1]}
     for key, reason in skips.items():
-        if key == "*" or key == program or (words and key == words[0]):
+        if key == "*" or key in names:  # the program, or the script or module it runs
             command.skip = reason
     return command
 
@@ -342,6 +347,34 @@ def _stop_at_parse_args() -> Iterator[None]:
         argparse.ArgumentParser.parse_known_args = original_known  # type: ignore[method-assign]
 
 
+def _placeholders_as_numbers(parse):  # noqa: ANN001, ANN202
+    """`--max-restarts=N`, `--beam K`: a numeric flag given an ALL-CAPS placeholder in the docs
+    is parsed again with 1 in its place (any other error stands)."""
+
+    @functools.wraps(parse)
+    def retry(*args):  # noqa: ANN002, ANN202
+        *head, argv = args
+        for _ in range(8):
+            try:
+                return parse(*head, argv)
+            except CheckError as e:
+                m = re.search(
+                    r"(?:invalid \w+ value|is not a number|must be).*?'([A-Z][A-Z0-9_]*)'", str(e)
+                )
+                m = m or re.search(r"'([A-Z][A-Z0-9_]*)' (?:is not a number|must be)", str(e))
+                if not m:
+                    raise
+                word = m.group(1)
+                fixed = [re.sub(rf"(?<==){word}$|^{word}$", "1", a) for a in argv]
+                if fixed == argv:
+                    raise
+                argv = fixed
+        return parse(*head, argv)
+
+    return retry
+
+
+@_placeholders_as_numbers
 def _parse_with_program(kind: str, target: str, args: list[str]) -> None:
     """Run a script (kind "path") or module ("module") until it parses `args`."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
@@ -516,6 +549,13 @@ def check_python(args: list[str]) -> str:
 
 
 def check_torchrun(args: list[str]) -> str:
+    if not any(a.endswith(".py") or a == "-m" for a in args):
+        args = [*args, "train.py"]  # torchrun's flags named in prose, without the script
+    return _torchrun(args)
+
+
+@_placeholders_as_numbers
+def _torchrun(args: list[str]) -> str:
     from torch.distributed.run import get_args_parser
 
     try:
@@ -847,6 +887,103 @@ def check_links(report: Report) -> None:
                     report.link_failures.append(problem)
 
 
+# ----------------------------------------------------------------------------- names
+
+PACKAGES = (
+    "common", "model", "data", "checkpoint", "engine", "decoding", "exporting", "evaluation",
+    "training", "server", "benchmarks",
+)  # fmt: skip
+# benchmarks.md is a log: it names modules and files as they were when each figure was taken.
+LOG_PAGES = ("docs/benchmarks.md",)
+
+
+def check_names(report: Report, text: str, rel: str) -> None:
+    """Inline code naming our code, `decoding.cli.build_parser` or `engine/cache.py`, must
+    name something that exists: a module (and its attribute), or a file."""
+    import importlib
+
+    fence = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence = not fence
+        if fence:
+            continue
+        for m in re.finditer(r"(?<!`)`([^`\s]+)`(?!`)", line):
+            span = m.group(1).split("::")[0].rstrip("()")
+            if re.fullmatch(rf"(?:{'|'.join(PACKAGES)})/[\w/]+\.py", span):
+                report.names_checked += 1
+                if not (ROOT / span).is_file():
+                    report.link_failures.append(f"{rel}:{n}: `{span}`: no such file")
+                continue
+            ours = re.fullmatch(rf"(?:{'|'.join(PACKAGES)})(?:\.\w+)+", span)
+            dotted = re.fullmatch(r"[a-z_][a-z0-9_]*(?:\.[A-Za-z_]\w*){2,}", span)
+            if not ours and not (dotted and not span.startswith(("hydra.", "self."))):
+                continue  # ours, or any `pkg.module.name` (a renamed package shows here)
+            parts = span.split(".")
+            if parts[-1] in ("safetensors", "bin", "json", "pt", "yaml", "model", "txt"):
+                continue  # a file name (`model.safetensors`)
+            report.names_checked += 1
+            if _is_config_key(span):
+                continue  # `data.max_len`: a key (data/ is also a package)
+            for cut in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:cut]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[cut:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    report.link_failures.append(
+                        f"{rel}:{n}: `{span}`: {'.'.join(parts[:cut])} has no {attr!r}"
+                    )
+                break
+            else:
+                report.link_failures.append(f"{rel}:{n}: `{span}`: no such module")
+
+
+@functools.cache
+def _is_config_key(dotted: str) -> bool:
+    from omegaconf import OmegaConf
+
+    if dotted.split(".")[0] not in ("model", "data", "tokenizer", "optim", "trainer", "decoding"):
+        return False
+    for groups in [(), *((f"experiment={e}",) for e in _experiments())]:
+        absent = object()
+        if OmegaConf.select(_composed(groups), dotted, default=absent) is not absent:
+            return True
+    return False
+
+
+def check_config_keys(report: Report) -> None:
+    """docs/configuration.md names every key of every group file and every experiment."""
+    import yaml
+
+    page = (ROOT / "docs/configuration.md").read_text(encoding="utf-8")
+    for path in sorted((ROOT / "conf").glob("*/*.yaml")):
+        group = path.parent.name
+        if group == "experiment":
+            report.names_checked += 1
+            if f"`{path.stem}`" not in page:
+                report.link_failures.append(
+                    f"docs/configuration.md: experiment `{path.stem}` ({path.relative_to(ROOT)}) "
+                    "is not described"
+                )
+            continue
+        if group in ("hydra", "debug"):
+            continue
+        keys = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for key in keys:
+            if key == "defaults":
+                continue
+            report.names_checked += 1
+            if not re.search(rf"`{re.escape(key)}`|[` ]{re.escape(key)}[` (]", page):
+                report.link_failures.append(
+                    f"docs/configuration.md: key `{group}.{key}` ({path.relative_to(ROOT)}) "
+                    "is not in its table"
+                )
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -857,6 +994,11 @@ def run(commands: list[Command] | None = None, links: bool = True) -> Report:
         report.outcomes.append(check_command(command))
     if links:
         check_links(report)
+        for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+            text, rel = _read(md)
+            if rel not in LOG_PAGES:
+                check_names(report, text, rel)
+        check_config_keys(report)
     return report
 
 
@@ -864,8 +1006,8 @@ def summary(report: Report) -> str:
     counts = Counter(o.status for o in report.outcomes)
     return (
         f"{len(report.outcomes)} commands: {counts['ok']} checked, {counts['skipped']} skipped, "
-        f"{counts['failed']} failed; {report.links_checked} links, "
-        f"{len(report.link_failures)} broken"
+        f"{counts['failed']} failed; {report.links_checked} links and {report.names_checked} "
+        f"names of code and config keys, {len(report.link_failures)} broken"
     )
 
 

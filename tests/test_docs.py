@@ -80,7 +80,7 @@ def test_a_wrong_command_fails(line, why):
         ("python train.py trainer.max_steps=many", "config rejected"),
         ("python train.py optim.lr=1e-3,2e-3", "needs -m/--multirun"),
         ("python train.py -m optim.lr=1e-3,2e-3 model.dropoutt=0.1", "model.dropoutt"),
-        ("python train.py tokenizer.user_symbols=\"['<BT>']\"", "tokenizer.user_symbols"),
+        ("python train.py tokenizer.user_symbols=['<BT>']", "tokenizer.user_symbols"),  # unquoted
         ("python train.py --cfg jobs", "train.py (Hydra)"),
     ],
 )
@@ -92,7 +92,7 @@ def test_right_commands_pass_and_a_tagged_block_is_skipped_with_its_reason():
     markdown = (
         BLOCK.format(
             "python train.py -m optim.lr=1e-3,2e-3 hydra.run.dir=/tmp/x  # a comment\n"
-            "python train.py \"+tokenizer.user_symbols=['<BT>']\" experiment=multi30k_en_de_bt\n"
+            "python train.py \"tokenizer.user_symbols=['<BT>']\" experiment=multi30k_en_de_bt\n"
             "echo 'A man.' | OMP_NUM_THREADS=1 python translate.py -c RUN_DIR --beam 5\n"
             "torchrun --nproc_per_node=2 train.py model=small trainer.update_freq=2"
         )
@@ -143,3 +143,36 @@ def test_github_slugs():
         dc.github_slug("`translate.py`: flags, search & more") == "translatepy-flags-search--more"
     )
     assert dc.github_slug("Speed (CPU, 2 threads)") == "speed-cpu-2-threads"
+
+
+def test_names_of_code_and_config_keys_in_prose_must_exist():
+    report = dc.Report()
+    dc.check_names(
+        report,
+        "`exporting.hf.hf_search_ids`, `data.max_len`, `engine/cache.py`, `model.safetensors`\n"
+        "`export.convert.hf_search_ids`, `decoding.cli.no_such`, `engine/nowhere.py`\n",
+        "docs/new.md",
+    )
+    assert report.link_failures == [
+        "docs/new.md:2: `export.convert.hf_search_ids`: no such module",
+        "docs/new.md:2: `decoding.cli.no_such`: decoding.cli has no 'no_such'",
+        "docs/new.md:2: `engine/nowhere.py`: no such file",
+    ]
+
+
+def test_every_config_key_and_experiment_is_in_configuration_md(monkeypatch, tmp_path):
+    (tmp_path / "docs").mkdir()
+    page = (ROOT / "docs/configuration.md").read_text(encoding="utf-8")
+    (tmp_path / "docs/configuration.md").write_text(
+        page.replace("user_symbols", "symbols").replace("`tatoeba_en_defr`", "`x`")
+    )
+    (tmp_path / "conf").symlink_to(ROOT / "conf")
+    monkeypatch.setattr(dc, "ROOT", tmp_path)
+    report = dc.Report()
+    dc.check_config_keys(report)
+    assert report.link_failures == [
+        "docs/configuration.md: experiment `tatoeba_en_defr` "
+        "(conf/experiment/tatoeba_en_defr.yaml) is not described",
+        "docs/configuration.md: key `tokenizer.user_symbols` (conf/tokenizer/spm_joint.yaml) "
+        "is not in its table",
+    ]
