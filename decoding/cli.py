@@ -14,8 +14,8 @@ no traceback.
 from __future__ import annotations
 
 import argparse
-import re
 import os
+import re
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
