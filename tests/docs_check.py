@@ -115,6 +115,10 @@ class CheckError(Exception):
     """Why a command does not match the code (one line)."""
 
 
+class NotHere(Exception):
+    """The command cannot be checked in this environment (an optional package is missing)."""
+
+
 # ----------------------------------------------------------------------------- extraction
 
 
@@ -401,6 +405,9 @@ def _parse_with_program(kind: str, target: str, args: list[str]) -> None:
         ] or err.getvalue().splitlines()
         raise CheckError(lines[-1] if lines else f"exit {e.code}") from None
     except ImportError as e:
+        top = (e.name or "").split(".")[0]
+        if top and top not in PACKAGES and not (ROOT / top).exists():
+            raise NotHere(f"needs the package {top!r}, not installed here") from None
         raise CheckError(f"{target}: cannot import {e.name!r}: {e}") from None
     finally:
         sys.argv[:], sys.path[:] = saved_argv, saved_path
@@ -728,6 +735,8 @@ def check_command(command: Command) -> Outcome:
         return Outcome(command, "ok", "; ".join(details))
     except CheckError as e:
         return Outcome(command, "failed", str(e))
+    except NotHere as e:
+        return Outcome(command, "skipped", str(e))
     except Exception as e:  # a bug of the checker or of the program's start: still one line
         return Outcome(command, "failed", f"{type(e).__name__}: {str(e).splitlines()[:1]}")
 

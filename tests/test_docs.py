@@ -185,3 +185,11 @@ def test_search_flag_help_names_the_other_flags_and_keeps_its_own_words():
     assert "--sampling: random seed; the same seed and input give the same output" in text
     assert "random --seed" not in text
     assert "(<= --beam)" in text  # another flag's field name becomes the flag
+
+
+def test_a_program_that_needs_a_missing_optional_package_is_skipped_with_the_reason(tmp_path):
+    script = tmp_path / "needs_extra.py"
+    script.write_text("import no_such_optional_package\n")
+    (outcome,) = _check(BLOCK.format(f"python {script} --flag"))
+    assert outcome.status == "skipped"
+    assert outcome.detail == "needs the package 'no_such_optional_package', not installed here"
