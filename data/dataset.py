@@ -579,7 +579,8 @@ def _encode_batch(
     srcs: list[str], tgts: list[str], tokenizer: Tokenizer, max_len: int | None
 ) -> dict[str, list]:
     src_ids = tokenizer.encode_src(srcs)
-    tgt_ids = tokenizer.encode_tgt(tgts)
+    given = tokenizer.target_prefix()  # an imported NLLB model's target language token
+    tgt_ids = [given + ids for ids in tokenizer.encode_tgt(tgts)]
     keep = [
         i
         for i in range(len(srcs))

@@ -8,6 +8,10 @@ differ from the ones the model code assumes (pad 0, unk 1, bos 2, eos 3).
 A run dir holds ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model`` (separate), plus
 the matching human-readable ``.vocab`` files. Checkpoints hold the same model bytes through
 :meth:`Tokenizer.state_dict`, so translation needs nothing else.
+
+An imported model (``scripts/import_hf.py``: OPUS-MT, NLLB) keeps its own ids: a
+:class:`Vocabulary` maps SentencePiece's pieces to the model's ids (Marian's ``vocab.json``,
+NLLB's fairseq offset) and says where its language tokens go (:meth:`Tokenizer.for_languages`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import io
 import logging
 import sys
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,9 +40,11 @@ log = logging.getLogger(__name__)
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "spm.src.model"
 TGT_MODEL = "spm.tgt.model"
+IMPORTED_TOKENIZER = "tokenizer.pt"  # an imported model's tokenizer state (scripts/import_hf.py)
 MODEL_TYPES = ("unigram", "bpe")
 _STATE_FORMAT = "attnmt.sentencepiece"
 _STATE_VERSION = 1
+_VOCAB_STATE_VERSION = 2  # with a Vocabulary: code that ignored it would give wrong ids
 # Fixed seed for SentencePiece's sentence sampling: every data-parallel rank (and every rerun)
 # that trains on the same corpus gets the same model.
 _SPM_SEED = 1234
@@ -73,6 +79,9 @@ class TokenizerConfig:
         user_symbols: Tags (e.g. ``<2de>``, ``<BT>``) made SentencePiece user-defined symbols,
             so each is one piece; the corpora's tags (``data.corpora.*.tag``) are added to
             these. Reserve here the tags a later fine-tuning run will need.
+        src_lang, tgt_lang: The language pair, in the model's own codes, when fine-tuning an
+            imported multilingual model (``trainer.init_from``; see
+            :meth:`Tokenizer.for_languages`); None for every other model.
     """
 
     vocab_size: int = 8000
@@ -85,6 +94,8 @@ class TokenizerConfig:
     bos_id: int = 2
     eos_id: int = 3
     user_symbols: list[str] = field(default_factory=list)
+    src_lang: str | None = None
+    tgt_lang: str | None = None
 
     def __post_init__(self) -> None:
         for tag in self.user_symbols:
@@ -119,6 +130,47 @@ def check_tag(tag: object, key: str) -> None:
         raise DataError(f"{key}: tag {tag!r} must be one word without spaces, e.g. <2de> or <BT>")
 
 
+@dataclass
+class Vocabulary:
+    """The ids of an imported model, which are not SentencePiece's own.
+
+    Attributes:
+        src: id -> piece of the source side; ``tgt``: of the target side (the same list when
+            the model shares one vocabulary). Pieces missing here encode as ``special.unk``.
+        special: The model's special ids; ``bos`` is the token the decoder starts from
+            (OPUS-MT: ``<pad>``, whose embedding is zero; NLLB: ``</s>``).
+        languages: Language code -> the id of its token (OPUS-MT ``deu`` -> ``>>deu<<``;
+            NLLB ``deu_Latn``).
+        convention: Where language tokens go. ``marian``: the target language's token starts
+            the source (multi-target OPUS-MT models). ``nllb``: the source language's token
+            starts the source, the target language's token starts the target (forced and
+            not printed; it scores 0, as Transformers' ``forced_bos_token_id``).
+        src_lang, tgt_lang: The languages ``encode_src`` and ``target_prefix`` use when
+            none are given (set by ``for_languages``; stored with fine-tuned models).
+    """
+
+    src: list[str]
+    tgt: list[str]
+    special: SpecialIds
+    languages: dict[str, int] = field(default_factory=dict)
+    convention: str = "marian"
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+
+    def state_dict(self) -> dict:
+        state = asdict(self)
+        state["tgt"] = None if self.tgt is self.src else self.tgt
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> Vocabulary:
+        state = dict(state)
+        state["special"] = SpecialIds(**state["special"])
+        if state["tgt"] is None:
+            state["tgt"] = state["src"]
+        return cls(**state)
+
+
 def _user_symbols(model: bytes) -> list[str]:
     """The user-defined symbols of a serialized SentencePiece model (its tags)."""
     try:
@@ -137,7 +189,8 @@ def _special_of(processor: spm.SentencePieceProcessor) -> SpecialIds:
     )
 
 
-def _load_proto(model: bytes, name: str) -> spm.SentencePieceProcessor:
+def _load_proto(model: bytes, name: str, any_special: bool = False) -> spm.SentencePieceProcessor:
+    """`any_special`: an imported model's, whose special ids come from its vocabulary."""
     processor = spm.SentencePieceProcessor()
     try:
         processor.LoadFromSerializedProto(model)
@@ -145,7 +198,7 @@ def _load_proto(model: bytes, name: str) -> spm.SentencePieceProcessor:
         raise DataError(
             f"{name} is not a valid SentencePiece model ({e}); delete it to retrain"
         ) from e
-    if min(asdict(_special_of(processor)).values()) < 0:
+    if not any_special and min(asdict(_special_of(processor)).values()) < 0:
         # A model trained elsewhere without a pad piece cannot pad batches.
         raise DataError(
             f"{name} lacks one of pad/unk/bos/eos (ids {_special_of(processor)}); "
@@ -163,9 +216,16 @@ class Tokenizer:
     Args:
         src_model: Serialized SentencePiece model proto for the source side (or both sides).
         tgt_model: Serialized target model; None means one joint model.
+        vocab: An imported model's ids (None: SentencePiece's ids, ours).
     """
 
-    def __init__(self, src_model: bytes, tgt_model: bytes | None = None) -> None:
+    def __init__(
+        self, src_model: bytes, tgt_model: bytes | None = None, vocab: Vocabulary | None = None
+    ) -> None:
+        self.vocab = vocab
+        if vocab is not None:
+            self._init_vocab(src_model, tgt_model, vocab)
+            return
         self.joint = tgt_model is None
         self._src_bytes = bytes(src_model)
         self._tgt_bytes = None if tgt_model is None else bytes(tgt_model)
@@ -188,6 +248,87 @@ class Tokenizer:
             tag: self._src.piece_to_id(tag) for tag in _user_symbols(self._src_bytes)
         }
 
+    def _init_vocab(self, src_model: bytes, tgt_model: bytes | None, vocab: Vocabulary) -> None:
+        """An imported model: SentencePiece segments, `vocab` numbers the pieces."""
+        self.joint = vocab.tgt is vocab.src
+        self._src_bytes = bytes(src_model)
+        self._tgt_bytes = None if tgt_model is None else bytes(tgt_model)
+        self._src = _load_proto(self._src_bytes, "source SentencePiece model", any_special=True)
+        self._tgt = (
+            self._src
+            if self._tgt_bytes is None
+            else _load_proto(self._tgt_bytes, "target SentencePiece model", any_special=True)
+        )
+        self.special = vocab.special
+        self.src_vocab_size, self.tgt_vocab_size = len(vocab.src), len(vocab.tgt)
+        self._src_ids = {piece: i for i, piece in enumerate(vocab.src)}
+        self._tgt_ids = self._src_ids if self.joint else {p: i for i, p in enumerate(vocab.tgt)}
+        # Language tokens in the text (`>>deu<< A man ...`) are one id each, as tags are.
+        self.tags = {vocab.src[i]: i for i in vocab.languages.values() if i < len(vocab.src)}
+        # Never text: specials, language tokens and pieces SentencePiece does not know.
+        self._hidden = set(vars(self.special).values()) | set(vocab.languages.values())
+
+    # --- languages of an imported multilingual model ------------------------------------------
+
+    @property
+    def languages(self) -> list[str]:
+        """The language codes of a multilingual imported model ([] for any other)."""
+        return [] if self.vocab is None else sorted(self.vocab.languages)
+
+    def for_languages(self, src_lang: str | None, tgt_lang: str | None) -> Tokenizer:
+        """This tokenizer for one language pair (None: the one it has, if any): what
+        `encode_src` and `target_prefix` then add. Itself when nothing changes.
+
+        Raises:
+            DataError: a code the model lacks (the message lists the ones it has), a model
+                without language codes given one, or a missing code the model needs.
+        """
+        vocab = self.vocab
+        if vocab is None or not vocab.languages:
+            if src_lang is not None or tgt_lang is not None:
+                raise DataError(
+                    f"this model has no language codes, so a language pair "
+                    f"({src_lang or '-'} -> {tgt_lang or '-'}) means nothing to it; drop "
+                    "--src-lang/--tgt-lang (tokenizer.src_lang/tgt_lang)"
+                )
+            return self
+        src_lang = src_lang if src_lang is not None else vocab.src_lang
+        tgt_lang = tgt_lang if tgt_lang is not None else vocab.tgt_lang
+        needed = ("source", "target") if vocab.convention == "nllb" else ("target",)
+        for side, code in (("source", src_lang), ("target", tgt_lang)):
+            if code is None and side in needed:
+                key = "src_lang" if side == "source" else "tgt_lang"
+                raise DataError(
+                    f"this model translates between several languages: name the {side} "
+                    f"language (--{key.replace('_', '-')}; tokenizer.{key} when fine-tuning), "
+                    f"one of {_codes(vocab.languages)}"
+                )
+            if code is not None and side in needed and code not in vocab.languages:
+                raise DataError(
+                    f"unknown {side} language {code!r}: this model has {_codes(vocab.languages)}"
+                )
+        if (src_lang, tgt_lang) == (vocab.src_lang, vocab.tgt_lang):
+            return self
+        bound = replace(vocab, src_lang=src_lang, tgt_lang=tgt_lang)
+        return Tokenizer(self._src_bytes, self._tgt_bytes, bound)
+
+    def source_prefix(self) -> list[int]:
+        """Ids that start every source: a language token (NLLB: the source language's;
+        multi-target OPUS-MT: the target language's), or nothing."""
+        vocab = self.vocab
+        if vocab is None or not vocab.languages:
+            return []
+        code = vocab.src_lang if vocab.convention == "nllb" else vocab.tgt_lang
+        return [] if code is None else [vocab.languages[code]]
+
+    def target_prefix(self) -> list[int]:
+        """Ids that start every target and are given, not predicted (NLLB's target language
+        token): forced by search, left out of the output, scored 0."""
+        vocab = self.vocab
+        if vocab is None or vocab.convention != "nllb" or vocab.tgt_lang is None:
+            return []
+        return [vocab.languages[vocab.tgt_lang]]
+
     # --- text <-> ids -------------------------------------------------------------------------
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
@@ -197,6 +338,9 @@ class Tokenizer:
         text, each followed by a space, become one id each, and the rest is encoded as if it
         stood alone; SentencePiece itself would add a ``▁`` piece before the tag and change
         the first word's pieces."""
+        if self.vocab is not None:
+            prefix = self.source_prefix()
+            return [prefix + ids for ids in self._encode_pieces(texts, source=True)]
         if not self.tags or isinstance(texts, str):
             return _encode(self._src, texts)
         heads, bodies = [], []
@@ -212,16 +356,59 @@ class Tokenizer:
         return [head + ids for head, ids in zip(heads, _encode(self._src, bodies), strict=True)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
-        """Target texts -> ids, without bos/eos."""
+        """Target texts -> ids, without bos/eos (and without `target_prefix`)."""
+        if self.vocab is not None:
+            return self._encode_pieces(texts, source=False)
         return _encode(self._tgt, texts)
+
+    def _encode_pieces(self, texts: list[str], source: bool) -> list[list[int]]:
+        """An imported model's ids: SentencePiece's pieces looked up in its vocabulary (as
+        Transformers' Marian and NLLB tokenizers do); language tokens that start a source
+        text are one id each."""
+        if isinstance(texts, str):
+            raise TypeError("encode_src/encode_tgt take a list of strings, not a string")
+        processor, ids = (self._src, self._src_ids) if source else (self._tgt, self._tgt_ids)
+        unk = self.special.unk
+        out = []
+        for text in texts:
+            head = []
+            while source and text.startswith(">>") and (end := text.find("<<")) != -1:
+                if text[: end + 2] not in self.tags:
+                    break
+                head.append(self.tags[text[: end + 2]])
+                text = text[end + 2 :]
+            pieces = processor.encode(text, out_type=str)
+            out.append(head + [ids.get(piece, unk) for piece in pieces])
+        return out
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Target ids -> detokenized text; stops at the first eos and drops pad/bos."""
+        if self.vocab is not None:
+            return self._decode_pieces(ids, self.vocab.tgt, self._tgt)
         return self._tgt.decode([self._strip_specials(seq) for seq in ids])
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         """Source ids -> detokenized text (for logging sample inputs)."""
+        if self.vocab is not None:
+            return self._decode_pieces(ids, self.vocab.src, self._src)
         return self._src.decode([self._strip_specials(seq) for seq in ids])
+
+    def _decode_pieces(
+        self, ids: list[list[int]], pieces: list[str], processor: spm.SentencePieceProcessor
+    ) -> list[str]:
+        """An imported model's ids -> text: specials and language tokens dropped, the rest
+        joined by SentencePiece (ids past the vocabulary, NLLB's spare rows, are dropped)."""
+        texts = []
+        for seq in ids:
+            kept = []
+            for token in seq:
+                token = int(token)
+                if token == self.special.eos:
+                    break
+                if token not in self._hidden and token < len(pieces):
+                    kept.append(pieces[token])
+            texts.append(processor.decode_pieces(kept))
+        return texts
 
     def _strip_specials(self, seq: list[int]) -> list[int]:
         out = []
@@ -235,10 +422,14 @@ class Tokenizer:
 
     def src_pieces(self, ids: list[int]) -> list[str]:
         """Source ids -> pieces (attention-plot axis labels); specials shown as ``</s>`` etc."""
+        if self.vocab is not None:
+            return [_piece(self.vocab.src, i) for i in ids]
         return [self._src.id_to_piece(int(i)) for i in ids]
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         """Target ids -> pieces (attention-plot axis labels)."""
+        if self.vocab is not None:
+            return [_piece(self.vocab.tgt, i) for i in ids]
         return [self._tgt.id_to_piece(int(i)) for i in ids]
 
     # --- persistence --------------------------------------------------------------------------
@@ -248,6 +439,8 @@ class Tokenizer:
         """Hash of the model bytes: names encoded-corpus caches (see ``data/dataset.py``)."""
         digest = hashlib.sha256(self._src_bytes)
         digest.update(self._tgt_bytes or b"joint")
+        if self.vocab is not None:  # the ids and the languages change the encoded corpus
+            digest.update(repr(self.vocab.state_dict()).encode())
         return digest.hexdigest()[:16]
 
     def state_dict(self) -> dict:
@@ -260,24 +453,37 @@ class Tokenizer:
         }
         if self._tgt_bytes is not None:
             state["tgt_model"] = self._tgt_bytes
+        if self.vocab is not None:
+            state["version"] = _VOCAB_STATE_VERSION
+            state["vocab"] = self.vocab.state_dict()
         return state
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Tokenizer:
         """Rebuild from :meth:`state_dict` (e.g. a checkpoint's ``tokenizer`` entry)."""
-        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+        versions = (_STATE_VERSION, _VOCAB_STATE_VERSION)
+        if state.get("format") != _STATE_FORMAT or state.get("version") not in versions:
             raise DataError(
                 f"tokenizer state has format {state.get('format')!r} version "
-                f"{state.get('version')!r}, expected {_STATE_FORMAT!r} version {_STATE_VERSION}; "
-                "the checkpoint comes from an incompatible version of attnmt"
+                f"{state.get('version')!r}, expected {_STATE_FORMAT!r} version {_STATE_VERSION} "
+                f"or {_VOCAB_STATE_VERSION}; the checkpoint comes from an incompatible version "
+                "of attnmt"
             )
-        tgt_model = None if state["joint"] else state["tgt_model"]
-        return cls(state["src_model"], tgt_model)
+        tgt_model = state.get("tgt_model")
+        if "vocab" in state:
+            return cls(state["src_model"], tgt_model, Vocabulary.from_state_dict(state["vocab"]))
+        return cls(state["src_model"], None if state["joint"] else tgt_model)
 
     def save(self, out_dir: str | Path) -> None:
-        """Write ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model``, with vocabs."""
+        """Write ``spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model``, with vocabs;
+        an imported model's tokenizer: ``tokenizer.pt`` (its state)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
+        if self.vocab is not None:
+            import torch  # the state holds bytes and lists: a safe torch.save / weights_only load
+
+            atomic_write(out_dir / IMPORTED_TOKENIZER, lambda f: torch.save(self.state_dict(), f))
+            return
         if self._tgt_bytes is None:
             _write_model(out_dir / JOINT_MODEL, self._src_bytes, self._src)
         else:
@@ -290,7 +496,18 @@ class Tokenizer:
         return self.state_dict()
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["src_model"], None if state["joint"] else state["tgt_model"])
+        self.__dict__.update(Tokenizer.from_state_dict(state).__dict__)
+
+
+def _piece(pieces: list[str], i: int) -> str:
+    i = int(i)
+    return pieces[i] if 0 <= i < len(pieces) else f"<{i}>"
+
+
+def _codes(languages: dict[str, int]) -> str:
+    codes = sorted(languages)
+    shown = ", ".join(codes[:30])
+    return f"{len(codes)} codes: {shown}" + (", ..." if len(codes) > 30 else "")
 
 
 def _encode(processor: spm.SentencePieceProcessor, texts: list[str]) -> list[list[int]]:
@@ -371,8 +588,9 @@ def train_or_load_tokenizer(
 def _cache_key(train: datasets.Dataset, cfg: TokenizerConfig) -> str:
     """The training split's fingerprint plus every setting and input that changes the model."""
     settings = asdict(cfg)
-    if not settings["user_symbols"]:
-        del settings["user_symbols"]  # keys of models trained before tags existed stay valid
+    for key in ("user_symbols", "src_lang", "tgt_lang"):  # keys of models trained before
+        if not settings[key]:  # these settings existed stay valid
+            del settings[key]
     parts = (train._fingerprint, sorted(settings.items()), _SPM_SEED, spm.__version__)
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:20]
 

@@ -229,6 +229,18 @@ def build_parser() -> argparse.ArgumentParser:
         "0-based, negative from the top (default: the penultimate; see docs/translating.md)",
     )
     add(
+        "--src-lang",
+        metavar="CODE",
+        help="source language of a multilingual imported model, in its own codes (NLLB: "
+        "eng_Latn); see docs/importing.md",
+    )
+    add(
+        "--tgt-lang",
+        metavar="CODE",
+        help="target language of a multilingual imported model (NLLB: deu_Latn; OPUS-MT: "
+        "deu for >>deu<<): its language token is forced and not printed",
+    )
+    add(
         "--plot-attention",
         metavar="PNG",
         help="save the cross-attention heatmap (last layer, mean over heads) of the "
@@ -392,6 +404,7 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     from decoding.translator import Translator
 
     model, tokenizer, device = load_model(args, args.checkpoint)
+    tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
     if args.tag is not None and args.tag not in tokenizer.tags:
         known = ", ".join(tokenizer.tags) or "none"
         raise UserError(f"--tag {args.tag} is not one of this model's tags ({known}); drop it")
@@ -468,7 +481,8 @@ def translate_input(
             results = translator.translate_nbest(tagged, bar.update, prefixes)
             alignments = None
             if job.align:
-                alignments = align_all(translator, tagged, results, job.layer, bool(job.tag))
+                shift = bool(job.tag) or bool(translator.tokenizer.source_prefix())
+                alignments = align_all(translator, tagged, results, job.layer, shift)
             out.write(format_output(results, job.nbest, done, alignments).encode("utf-8"))
             out.flush()
             done += len(lines)

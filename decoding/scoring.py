@@ -39,8 +39,10 @@ def score_batch(
     special: SpecialTokens,
     cfg: SearchConfig,
     device: torch.device | str = "cpu",
+    given: int = 0,
 ) -> list[TokenScores]:
-    """Teacher-forced scores of `tgt_ids` given `src_ids` (id lists without specials).
+    """Teacher-forced scores of `tgt_ids` given `src_ids` (id lists without specials); the
+    first `given` target tokens (a language token that search forces) score 0, as in search.
 
     `model.decode` runs once on [bos] + target (no caches), so the cost is one training
     forward pass without the loss: no step-by-step loop.
@@ -52,6 +54,7 @@ def score_batch(
     target = pad_rows(tgt_ids, special.pad, suffix=[special.eos]).to(device)  # (B, T)
     logits = model.decode(tgt_in, memory, src_mask)  # (B, T, V)
     lprobs = token_log_probs(logits, target)  # (B, T)
+    lprobs[:, :given] = 0.0
     scores = []
     for row, tokens in zip(lprobs.cpu().tolist(), tgt_ids, strict=True):
         length = len(tokens) + 1  # subwords + EOS, as search counts

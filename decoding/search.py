@@ -24,10 +24,12 @@ Conventions (fairseq's `SequenceGenerator`, simplified):
 - Minimum length 1: EOS is never the first generated token (fairseq's default `min_len=1`,
   CTranslate2's `min_decoding_length=1`), so an empty translation is never a hypothesis. Only
   a length budget of 0 (e.g. `max_len_a=0, max_len_b=0`) still forces EOS at once.
-- Pad and BOS are never generated.
+- Pad and BOS (the decoder's start token) are never generated; EOS stays possible where it is
+  also the start token (NLLB).
 - A target prefix (per sentence, optional) is forced: while a hypothesis is shorter than its
   sentence's prefix, its next token is the prefix's, with the model's log-probability for it,
-  so scores cover the whole output, prefix included. The output budget is at least the
+  so scores cover the whole output, prefix included. Its first `given` tokens (an NLLB
+  model's target language token) score 0 instead, as Transformers' forced BOS does. The output budget is at least the
   prefix's length. Beam search keeps one live hypothesis per sentence until its prefix ends.
 - Sampling (`sample_search`) draws each next token from the model's distribution shaped by
   `temperature`, `topk` and `topp` (`sample_tokens`), `nbest` samples per sentence, with the
@@ -146,6 +148,7 @@ class _Batch(NamedTuple):
     max_len: Tensor  # (B,) output budget of each sentence
     caches: list
     prefix: Tensor | None  # (B, P) forced target tokens, -1 past each sentence's prefix
+    given: int = 0  # the prefix's first tokens that score 0 (a language token, not predicted)
 
 
 def _start(
@@ -155,6 +158,7 @@ def _start(
     cfg: SearchConfig,
     prefix: Tensor | None = None,
     copies: int = 1,
+    given: int = 0,
 ) -> _Batch:
     """Encode once; one row per sentence, or `copies` consecutive rows per sentence (samples
     drawn independently), which then get pruned one by one like sentences."""
@@ -168,7 +172,7 @@ def _start(
             x.repeat_interleave(copies, dim=0) for x in (memory, src_mask, max_len)
         )
         prefix = None if prefix is None else prefix.repeat_interleave(copies, dim=0)
-    return _Batch(memory, src_mask, max_len, model.new_caches(), prefix)
+    return _Batch(memory, src_mask, max_len, model.new_caches(), prefix, given)
 
 
 def prefix_tensor(prefixes: list[list[int]], device: torch.device | str = "cpu") -> Tensor | None:
@@ -208,26 +212,35 @@ def _next_tokens(
     if batch.prefix is None or step >= batch.prefix.size(1):
         return lprobs, tokens
     forced = _per_row(batch.prefix[:, step], last.size(0))  # (N,) -1 = free
-    return _force_prefix(logits, lprobs, tokens, forced)
+    return _force_prefix(logits, lprobs, tokens, forced, given=step < batch.given)
 
 
 def _force_prefix(
-    logits: Tensor, lprobs: Tensor, tokens: Tensor, forced: Tensor
+    logits: Tensor, lprobs: Tensor, tokens: Tensor, forced: Tensor, given: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Rows with `forced` >= 0 get that token as their only candidate, with its model
-    log-probability; the other candidates of those rows become -inf.
+    log-probability (0 when `given`, as Transformers' forced BOS); the other candidates of
+    those rows become -inf.
 
     Shape: logits (N, V), lprobs/tokens (N, n), forced (N,) -> (N, n), (N, n).
     """
     is_forced = forced.ge(0).unsqueeze(1)  # (N, 1)
     token = forced.clamp(min=0).unsqueeze(1)  # (N, 1)
     lprob = torch.log_softmax(logits.float(), dim=-1).gather(1, token)  # (N, 1)
+    if given:
+        lprob = torch.zeros_like(lprob)
     first = torch.arange(lprobs.size(1), device=lprobs.device).eq(0)  # (n,)
     forced_lprobs = lprob.masked_fill(~first, float("-inf"))  # (N, n)
     return (
         torch.where(is_forced, forced_lprobs, lprobs),
         torch.where(is_forced, token.expand_as(tokens), tokens),
     )
+
+
+def never_generated(special: SpecialTokens) -> list[int]:
+    """Pad and the decoder's start token (BOS; OPUS-MT starts from pad), unless the start
+    token is EOS (NLLB), which ends every output."""
+    return sorted({special.pad, special.bos} - {special.eos})
 
 
 def pick_tokens(
@@ -247,8 +260,7 @@ def pick_tokens(
     # rest on", `python -m benchmarks.profile_decode --beam 5`)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
-    lprobs[:, special.pad] = float("-inf")
-    lprobs[:, special.bos] = float("-inf")
+    lprobs[:, never_generated(special)] = float("-inf")
     if isinstance(no_eos, Tensor):
         lprobs[:, special.eos] = eos_lprob.squeeze(1).masked_fill(no_eos, float("-inf"))
     elif no_eos:
@@ -283,7 +295,7 @@ def sample_tokens(
     logits = logits.float()
     lprobs = torch.log_softmax(logits, dim=-1)  # (N, V) what the sample is scored by
     weights = logits / cfg.temperature  # (N, V)
-    banned = [special.pad, special.bos] + ([special.eos] if no_eos else [])
+    banned = never_generated(special) + ([special.eos] if no_eos else [])
     weights[:, banned] = float("-inf")
     if 0 < cfg.topk < weights.size(-1):
         kth = weights.topk(cfg.topk, dim=-1).values[:, -1:]  # (N, 1)
@@ -367,6 +379,7 @@ def greedy_search(
     special: SpecialTokens,
     cfg: SearchConfig,
     prefix: Tensor | None = None,
+    given: int = 0,
 ) -> SearchResult:
     """Pick the most probable token at every step (equals `beam_search` with beam 1).
 
@@ -378,6 +391,8 @@ def greedy_search(
             `lp_type` (the reported `score`; greedy choices ignore them). `beam_size` and
             `nbest` are not used: greedy keeps one hypothesis.
         prefix: forced target ids per sentence (`prefix_tensor`), or None.
+        given: how many of the prefix's first tokens are given, not predicted: they score
+            0 (an NLLB model's target language token).
 
     Shape:
         src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
@@ -386,7 +401,7 @@ def greedy_search(
     def best(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return pick_tokens(logits, special, 1, no_eos, at_limit)
 
-    return _one_per_row(model, src_ids, special, cfg, prefix, best, "greedy search")
+    return _one_per_row(model, src_ids, special, cfg, prefix, best, "greedy search", given=given)
 
 
 @torch.inference_mode()
@@ -397,6 +412,7 @@ def sample_search(
     cfg: SearchConfig,
     prefix: Tensor | None = None,
     generator: torch.Generator | None = None,
+    given: int = 0,
 ) -> SearchResult:
     """`cfg.nbest` samples per sentence, each token drawn by `sample_tokens` (`topk`, `topp`,
     `temperature`) with `generator`; each sentence's samples come back best score first.
@@ -409,7 +425,8 @@ def sample_search(
     def draw(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return sample_tokens(logits, special, cfg, no_eos, at_limit, generator)
 
-    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling", n).hypotheses
+    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling", n, given)
+    rows = rows.hypotheses
     per_sentence = [[hyp for row in rows[i : i + n] for hyp in row] for i in range(0, len(rows), n)]
     return SearchResult([_nbest(hyps, n) for hyps in per_sentence])
 
@@ -423,10 +440,11 @@ def _one_per_row(
     pick: Callable[[Tensor, bool, Tensor], tuple[Tensor, Tensor]],
     what: str,
     copies: int = 1,
+    given: int = 0,
 ) -> SearchResult:
     """`copies` hypotheses per source row (rows of the result: B * copies), each extended by
     `pick`'s token until EOS (greedy search picks the best token, sampling draws one)."""
-    batch = _start(model, src_ids, special, cfg, prefix, copies)
+    batch = _start(model, src_ids, special, cfg, prefix, copies, given)
     B, device = src_ids.size(0) * copies, src_ids.device
     sent_ids = torch.arange(B)  # (N,) on the CPU: input index of each live row
     tokens = torch.full((B, 1), special.bos, dtype=torch.long, device=device)  # (N, t + 1)
@@ -486,6 +504,7 @@ def beam_search(
     special: SpecialTokens,
     cfg: SearchConfig,
     prefix: Tensor | None = None,
+    given: int = 0,
 ) -> SearchResult:
     """Batched beam search with fairseq's 2K-candidate EOS handling (see the module docstring).
 
@@ -499,12 +518,13 @@ def beam_search(
             best first).
         prefix: forced target ids per sentence (`prefix_tensor`), or None. While a sentence
             is inside its prefix, only one of its hypotheses is live (the others score -inf).
+        given: the prefix's first tokens that score 0 (see `greedy_search`).
 
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
     """
     beam_size = cfg.beam_size
-    batch = _start(model, src_ids, special, cfg, prefix)
+    batch = _start(model, src_ids, special, cfg, prefix, given=given)
     B, device = src_ids.size(0), src_ids.device
     beams = _Beams(
         sent_ids=torch.arange(B),

@@ -101,36 +101,59 @@ class Translator:
         self.device = torch.device(device) if device is not None else _device_of(model)
         self.inter_threads = inter_threads
         self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
+        self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
         self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
-    def translate(self, sentences: list[str]) -> list[str]:
+    def translate(
+        self, sentences: list[str], src_lang: str | None = None, tgt_lang: str | None = None
+    ) -> list[str]:
         """The best translation of each sentence, in input order."""
-        return [nbest[0].text for nbest in self.translate_nbest(sentences)]
+        nbest = self.translate_nbest(sentences, src_lang=src_lang, tgt_lang=tgt_lang)
+        return [hypotheses[0].text for hypotheses in nbest]
+
+    def languages(self, src_lang: str | None, tgt_lang: str | None) -> Tokenizer:
+        """The tokenizer for a language pair of a multilingual imported model (None: the
+        model's own; see `Tokenizer.for_languages`, whose `DataError` names the codes)."""
+        key = (src_lang, tgt_lang)
+        if key not in self._by_languages:
+            self._by_languages[key] = self.tokenizer.for_languages(src_lang, tgt_lang)
+        return self._by_languages[key]
 
     def translate_nbest(
         self,
         sentences: list[str],
         progress: Callable[[int], object] | None = None,
         prefixes: list[str] | None = None,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
     ) -> list[list[TextHypothesis]]:
         """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
 
         An empty sentence gets one empty hypothesis with score 0. `progress(n)` is called
         as sentences are done (n at a time; the counts add up to `len(sentences)`).
         `prefixes` (one per sentence, "" for none) are the start of each translation: their
-        subwords are forced, and the translations include them.
+        subwords are forced, and the translations include them. `src_lang`/`tgt_lang`: the
+        pair of a multilingual imported model, whose target language token is forced first
+        and left out of the translations.
         """
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not a string")
-        src_ids = self.tokenizer.encode_src([s.strip() for s in sentences])
+        tokenizer = self.languages(src_lang, tgt_lang)
+        src_ids = tokenizer.encode_src([s.strip() for s in sentences])
         prefix_ids = None
         if prefixes is not None:
             if len(prefixes) != len(sentences):
                 raise ValueError(f"{len(prefixes)} prefixes for {len(sentences)} sentences")
-            prefix_ids = self.tokenizer.encode_tgt([p.strip() for p in prefixes])
-        hypotheses = self.search_ids(src_ids, progress, prefix_ids)
+            prefix_ids = tokenizer.encode_tgt([p.strip() for p in prefixes])
+        given = tokenizer.target_prefix()
+        if given:
+            prefix_ids = [given + ids for ids in prefix_ids or [[] for _ in src_ids]]
+        hypotheses = self.search_ids(src_ids, progress, prefix_ids, given=len(given))
+        for nbest in hypotheses:  # the language token is not part of the translation
+            for i, hyp in enumerate(nbest):
+                nbest[i] = hyp._replace(tokens=hyp.tokens[len(given) :])
         tokens = [hyp.tokens for nbest in hypotheses for hyp in nbest]
-        texts = iter(self.tokenizer.decode_tgt(tokens) if tokens else [])
+        texts = iter(tokenizer.decode_tgt(tokens) if tokens else [])
         return [
             [TextHypothesis(next(texts), hyp.score, hyp.tokens) for hyp in nbest]
             for nbest in hypotheses
@@ -141,12 +164,14 @@ class Translator:
         src_ids: list[list[int]],
         progress: Callable[[int], object] | None = None,
         prefix_ids: list[list[int]] | None = None,
+        given: int = 0,
     ) -> list[list[Hypothesis]]:
         """Search source id lists (no specials) in length-sorted batches; input order out.
 
         `progress(n)`, if given, is called with the number of empty sentences first, then
         after each batch with its size (greedy with continuous batching: as sentences finish).
-        `prefix_ids` are forced target ids per sentence (None: no prefixes).
+        `prefix_ids` are forced target ids per sentence (None: no prefixes), whose first
+        `given` tokens score 0 (`decoding.search`).
         """
         if prefix_ids is not None and not any(prefix_ids):
             prefix_ids = None
@@ -165,7 +190,7 @@ class Translator:
                 results[i] = nbest
             return results
         with self._eval_mode():
-            searched = self._search_all(src_ids, batches, prefix_ids)
+            searched = self._search_all(src_ids, batches, prefix_ids, given)
             for chunk, found in zip(batches, searched, strict=True):
                 for i, nbest in zip(chunk, found, strict=True):
                     results[i] = nbest
@@ -189,6 +214,7 @@ class Translator:
         src_ids: list[list[int]],
         batches: list[list[int]],
         prefix_ids: list[list[int]] | None = None,
+        given: int = 0,
     ) -> Iterator[list[list[Hypothesis]]]:
         """Each batch's hypotheses, in batch order: one after the other, or `inter_threads`
         at once on a thread pool, torch's intra-op threads divided among them meanwhile
@@ -196,7 +222,7 @@ class Translator:
 
         def search(chunk: list[int]) -> list[list[Hypothesis]]:
             prefix = None if prefix_ids is None else [prefix_ids[i] for i in chunk]
-            return self._search([src_ids[i] for i in chunk], prefix)
+            return self._search([src_ids[i] for i in chunk], prefix, given)
 
         if self.inter_threads == 1 or len(batches) < 2 or self.search_cfg.sampling:
             for chunk in batches:
@@ -230,8 +256,8 @@ class Translator:
         ids = self.tokenizer.encode_src([sentence.strip()])[0]
         if not ids:
             raise ValueError("cannot show attention for an empty sentence")
-        special = self.tokenizer.special
-        hyp = self.search_ids([ids])[0][0]
+        special, given = self.tokenizer.special, self.tokenizer.target_prefix()
+        hyp = self.search_ids([ids], prefix_ids=[given] if given else None, given=len(given))[0][0]
         src = encode_source_batch([ids], special).to(self.device)  # (1, S)
         tgt_in = torch.tensor([[special.bos] + hyp.tokens], device=self.device)  # (1, T)
         with self._eval_mode():
@@ -244,29 +270,42 @@ class Translator:
         )
 
     def _search(
-        self, batch: list[list[int]], prefix_ids: list[list[int]] | None = None
+        self, batch: list[list[int]], prefix_ids: list[list[int]] | None = None, given: int = 0
     ) -> list[list[Hypothesis]]:
         cfg, special = self.search_cfg, self.tokenizer.special
         src = encode_source_batch(batch, special).to(self.device)  # (B, S)
         prefix = None if prefix_ids is None else prefix_tensor(prefix_ids, self.device)  # (B, P)
         if cfg.sampling:
-            return sample_search(self.model, src, special, cfg, prefix, self.generator).hypotheses
+            found = sample_search(self.model, src, special, cfg, prefix, self.generator, given)
+            return found.hypotheses
         search = greedy_search if cfg.beam_size == 1 else beam_search
-        return search(self.model, src, special, cfg, prefix).hypotheses
+        return search(self.model, src, special, cfg, prefix, given=given).hypotheses
 
-    def score(self, sentences: list[str], translations: list[str]) -> list[TokenScores]:
+    def score(
+        self,
+        sentences: list[str],
+        translations: list[str],
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+    ) -> list[TokenScores]:
         """Scores of given translations (teacher-forced, no search), in input order: the
         log-probability of each translation's subwords and EOS, and that divided by the
         length penalty of `search_cfg` (the `score` search reports for the same output).
-        A pair whose source and translation are both empty scores 0 without the model."""
+        A pair whose source and translation are both empty scores 0 without the model.
+        A multilingual imported model's target language token (`src_lang`/`tgt_lang`) comes
+        first, scores 0 and counts in the length, as in search."""
         if len(sentences) != len(translations):
             raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
-        src_ids = self.tokenizer.encode_src([s.strip() for s in sentences])
-        tgt_ids = self.tokenizer.encode_tgt([t.strip() for t in translations])
-        return self.score_ids(src_ids, tgt_ids)
+        tokenizer = self.languages(src_lang, tgt_lang)
+        src_ids = tokenizer.encode_src([s.strip() for s in sentences])
+        given = tokenizer.target_prefix()
+        tgt_ids = [given + ids for ids in tokenizer.encode_tgt([t.strip() for t in translations])]
+        return self.score_ids(src_ids, tgt_ids, given=len(given))
 
-    def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[TokenScores]:
-        """`score` on id lists (no specials)."""
+    def score_ids(
+        self, src_ids: list[list[int]], tgt_ids: list[list[int]], given: int = 0
+    ) -> list[TokenScores]:
+        """`score` on id lists (no specials); the first `given` target ids score 0."""
         results = [TokenScores(0.0, 0.0, []) for _ in src_ids]
         pairs = [i for i in range(len(src_ids)) if src_ids[i] or tgt_ids[i]]
         pairs.sort(key=lambda i: -(len(src_ids[i]) + len(tgt_ids[i])))
@@ -281,6 +320,7 @@ class Translator:
                     self.tokenizer.special,
                     self.search_cfg,
                     self.device,
+                    given,
                 )
                 for i, scored in zip(chunk, scores, strict=True):
                     results[i] = scored
@@ -293,7 +333,7 @@ class Translator:
         no specials) from the cross-attention of decoder layer `layer` (0-based; negative
         counts from the top; None: the penultimate, see `decoding.alignment`), averaged over
         heads; teacher-forced, in batches of `batch_size`."""
-        special = self.tokenizer.special
+        special, given = self.tokenizer.special, self.tokenizer.target_prefix()
         results: list[Alignment] = [[] for _ in src_ids]
         pairs = [i for i in range(len(src_ids)) if src_ids[i] and tgt_ids[i]]
         size = self.search_cfg.batch_size
@@ -301,12 +341,13 @@ class Translator:
             for start in range(0, len(pairs), size):
                 chunk = pairs[start : start + size]
                 src = encode_source_batch([src_ids[i] for i in chunk], special).to(self.device)
-                tgt_rows = [tgt_ids[i] for i in chunk]
+                tgt_rows = [given + tgt_ids[i] for i in chunk]  # NLLB: its language token
                 tgt_in = pad_rows(tgt_rows, special.pad, prefix=[special.bos]).to(self.device)
                 maps = self.model.attention_maps(src, tgt_in).cross  # L x (B, H, T, S)
                 weights = maps[_layer_index(layer, len(maps))].float().mean(dim=1).cpu()
                 for row, i in enumerate(chunk):
-                    cross = weights[row, : len(tgt_ids[i]) + 1, : len(src_ids[i]) + 1]
+                    rows = slice(len(given), len(given) + len(tgt_ids[i]) + 1)
+                    cross = weights[row, rows, : len(src_ids[i]) + 1]
                     results[i] = word_alignment(
                         cross,
                         self.tokenizer.src_pieces(src_ids[i]),

@@ -177,7 +177,9 @@ class Engine(nn.Module):
             x, linears["out"](context.transpose(1, 2).reshape(B, S, H * Dh)), norms[0]
         )
         h = norms[1](x) if self.cfg.norm_first else x
-        return self._residual(x, linears["ff2"](F.relu(linears["ff1"](h))), norms[1])
+        return self._residual(
+            x, linears["ff2"](layer.feed_forward.activation(linears["ff1"](h))), norms[1]
+        )
 
     def _residual(self, x: Tensor, sublayer_output: Tensor, norm: nn.Module) -> Tensor:
         x = x + sublayer_output
@@ -216,7 +218,9 @@ class Engine(nn.Module):
             h = norms[1](x) if self.cfg.norm_first else x
             x = self._residual(x, self._cross_step(linears, h, memory, src_mask, cache), norms[1])
             h = norms[2](x) if self.cfg.norm_first else x
-            x = self._residual(x, linears["ff2"](F.relu(linears["ff1"](h))), norms[2])
+            x = self._residual(
+                x, linears["ff2"](layer.feed_forward.activation(linears["ff1"](h))), norms[2]
+            )
         return self.model.decoder.final_norm(x)
 
     def _self_step(self, linears: nn.ModuleDict, h: Tensor, cache: StepCache) -> Tensor:

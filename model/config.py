@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITION_LAYOUTS = ("interleaved", "halves", "fairseq")
+
 
 @dataclass
 class ModelConfig:
@@ -27,8 +30,18 @@ class ModelConfig:
     norm_first: bool = False  # False = post-norm as in the paper; True = pre-norm
     share_embeddings: bool = True  # one embedding table for source and target (joint vocab)
     tie_output: bool = True  # output projection shares the target embedding (sec. 3.4)
+    # Variants of imported models (scripts/import_hf.py); the defaults are the paper's model.
+    activation: str = "relu"  # feed-forward: relu (paper, NLLB), gelu, silu (OPUS-MT: swish)
+    output_bias: bool = False  # a bias on the logits (OPUS-MT's final_logits_bias)
+    positions: str = "interleaved"  # sin/cos layout: interleaved, halves (OPUS-MT), fairseq (NLLB)
 
     def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}: use one of {', '.join(ACTIVATIONS)}")
+        if self.positions not in POSITION_LAYOUTS:
+            raise ValueError(
+                f"positions={self.positions!r}: use one of {', '.join(POSITION_LAYOUTS)}"
+            )
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:

@@ -32,17 +32,25 @@ class LayerOutput(NamedTuple):
     cross_attn: Tensor | None = None  # (B, H, T, S), decoder layers only
 
 
+# The feed-forward activation by `ModelConfig.activation`: ReLU in the paper; GELU and SiLU
+# (swish) in imported models.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: max(0, x W1 + b1) W2 + b2 (eq. 2)."""
 
-    def __init__(self, d_model: int, d_ff: int, act_dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, act_dropout: float = 0.0, activation: str = "relu"
+    ) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.act_dropout = act_dropout
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = F.relu(self.linear1(x))  # (B, T, F)
+        hidden = self.activation(self.linear1(x))  # (B, T, F)
         hidden = dropout(hidden, self.act_dropout, self.training)
         return self.linear2(hidden)  # (B, T, D)
 
@@ -72,7 +80,7 @@ class EncoderLayer(_ResidualLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg, n_sublayers=2)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.act_dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.act_dropout, cfg.activation)
 
     def forward(self, x: Tensor, src_mask: Tensor, need_weights: bool = False) -> LayerOutput:
         """x: (B, S, D); src_mask: (B, 1, 1, S) bool."""
@@ -94,7 +102,7 @@ class DecoderLayer(_ResidualLayer):
         super().__init__(cfg, n_sublayers=3)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.act_dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.act_dropout, cfg.activation)
 
     def forward(
         self,

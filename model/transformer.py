@@ -109,10 +109,12 @@ class Transformer(nn.Module):
             self.tgt_embed = self.src_embed
         else:
             self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, D, padding_idx=cfg.pad_id)
-        self.positional = SinusoidalPositionalEncoding(D, cfg.dropout)
+        self.positional = SinusoidalPositionalEncoding(
+            D, cfg.dropout, layout=cfg.positions, pad_id=cfg.pad_id
+        )
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.generator = nn.Linear(D, cfg.tgt_vocab_size, bias=False)
+        self.generator = nn.Linear(D, cfg.tgt_vocab_size, bias=cfg.output_bias)
         self.embed_scale = math.sqrt(D)  # sec. 3.4: embeddings are multiplied by sqrt(d_model)
         self._reset_parameters()
         if cfg.tie_output:  # sec. 3.4: the pre-softmax projection shares the embedding

@@ -107,6 +107,8 @@ def initial_checkpoint(cfg: Configs, run_dir: Path, explicit: set[str]) -> Initi
             "checkpoints/last.pt does); pass that file or the run dir, or drop the option"
         )
     tokenizer = stored_tokenizer(ckpt, path)
+    # An imported multilingual model: the pair the data is encoded for (its language tokens)
+    tokenizer = tokenizer.for_languages(cfg.tokenizer.src_lang, cfg.tokenizer.tgt_lang)
     cfg.model = _model_config(cfg.model, ckpt["model_config"], explicit, path)
     _check_tokenizer(cfg, tokenizer, explicit, path)
     cfg.tokenizer = replace(
