@@ -260,16 +260,24 @@ def docstring_commands(path: Path) -> list[Command]:
         return []
     first = source[: m.start(1)].count("\n") + 1
     out = []
-    for n, line in enumerate(m.group(1).splitlines()):
+    lines = m.group(1).splitlines()
+    n = -1
+    while n + 1 < len(lines):
+        n += 1
+        line = lines[n]
         if not line.startswith("    "):
             continue
+        start = n
+        while line.rstrip().endswith("\\") and n + 1 < len(lines):  # `\` in the source
+            n += 1
+            line = line.rstrip().rstrip("\\") + " " + lines[n].strip()
         text = line.strip().split("  #")[0].strip()
         try:
             words = _split(text)
         except ValueError:
             continue
         if _is_command(words):
-            out.append(Command(rel, first + n, text))
+            out.append(Command(rel, first + start, text))
     return out
 
 
@@ -981,15 +989,18 @@ def check_config_keys(report: Report) -> None:
             continue
         if group in ("hydra", "debug"):
             continue
+        # the group's own section (`## data`), else the whole page (`## logger, hydra, debug`)
+        m = re.search(rf"^## {group}\n(.*?)(?=^## |\Z)", page, re.S | re.M)
+        section = m.group(1) if m else page
         keys = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         for key in keys:
             if key == "defaults":
                 continue
             report.names_checked += 1
-            if not re.search(rf"`{re.escape(key)}`|[` ]{re.escape(key)}[` (]", page):
+            if not re.search(rf"`{re.escape(key)}`|[` ]{re.escape(key)}[` (]", section):
                 report.link_failures.append(
                     f"docs/configuration.md: key `{group}.{key}` ({path.relative_to(ROOT)}) "
-                    "is not in its table"
+                    f"is not in its table (## {group})"
                 )
 
 
