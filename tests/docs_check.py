@@ -478,6 +478,8 @@ def _check_prose_overrides(words: list[str]) -> str:
     for w in words:
         key, _, value = w.partition("=")
         if PLACEHOLDER.fullmatch(value):
+            if (ROOT / "conf" / key.lstrip("+~")).is_dir():
+                continue  # `model=PRESET`: the group exists (else the key's check fails)
             typed, w = False, f"{key}='...'"
         overrides.append(w)
     problems = []
@@ -725,6 +727,9 @@ def check_command(command: Command) -> Outcome:
         segments = _pipeline(command.text)
         details = []
         for words in segments:
+            if command.inline and _is_override_span(words):  # before `X=y` reads as a variable
+                details.append(_check_prose_overrides(words))
+                continue
             env = [w.split("=", 1)[0] for w in words[: len(words) - len(_strip_env(words))]]
             words = _strip_env(words)
             words = [w for w in words if w not in ("...", "…")]

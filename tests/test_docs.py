@@ -110,6 +110,7 @@ def test_inline_commands_and_overrides_in_prose_are_checked():
     )
     assert [o.status for o in _check(ok)] == ["ok"] * 3
     assert "trainer.warmup_stepz" in _one_failure("Set `trainer.warmup_stepz=100`.")
+    assert "no_such_experiment" in _one_failure("Run `experiment=no_such_experiment`.")
     # a key of one experiment only composes after it
     assert [o.status for o in _check("Set `data.corpora.bt.weight=0.5`.")] == ["ok"]
 
