@@ -427,6 +427,8 @@ def _composed(groups: tuple[str, ...]):  # noqa: ANN202 (a DictConfig, imported 
     """conf/train.yaml composed with config-group choices only (cached: few distinct sets)."""
     from hydra import compose, initialize_config_dir
 
+    import training.config  # noqa: F401  (registers decoding/search_config, as train.py does)
+
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose("train", overrides=list(groups), return_hydra_config=True)
 
@@ -915,6 +917,11 @@ PACKAGES = (
     "common", "model", "data", "checkpoint", "engine", "decoding", "exporting", "evaluation",
     "training", "server", "benchmarks",
 )  # fmt: skip
+# Name parts that make `a.b.c` a file name, not Python.
+FILE_PARTS = {
+    "safetensors", "bin", "json", "jsonl", "pt", "yaml", "yml", "model", "txt", "md", "py", "gz",
+    "log", "out", "png", "html", "csv", "tsv", "spm", "en", "de", "fr", "tmp", "partial",
+}  # fmt: skip
 # benchmarks.md is a log: it names modules and files as they were when each figure was taken.
 LOG_PAGES = ("docs/benchmarks.md",)
 
@@ -942,8 +949,8 @@ def check_names(report: Report, text: str, rel: str) -> None:
             if not ours and not (dotted and not span.startswith(("hydra.", "self."))):
                 continue  # ours, or any `pkg.module.name` (a renamed package shows here)
             parts = span.split(".")
-            if parts[-1] in ("safetensors", "bin", "json", "pt", "yaml", "model", "txt"):
-                continue  # a file name (`model.safetensors`)
+            if FILE_PARTS & set(parts[1:]):
+                continue  # a file name (`model.safetensors`, `last.pt.damaged`)
             report.names_checked += 1
             if _is_config_key(span):
                 continue  # `data.max_len`: a key (data/ is also a package)

@@ -194,3 +194,9 @@ def test_a_program_that_needs_a_missing_optional_package_is_skipped_with_the_rea
     (outcome,) = _check(BLOCK.format(f"python {script} --flag"))
     assert outcome.status == "skipped"
     assert outcome.detail == "needs the package 'no_such_optional_package', not installed here"
+
+
+def test_file_names_with_dots_are_not_taken_for_python_names():
+    report = dc.Report()
+    dc.check_names(report, "`last.pt.tmp`, `hyp.test2016.de`, `model.safetensors`\n", "x.md")
+    assert report.link_failures == []
