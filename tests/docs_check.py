@@ -24,9 +24,10 @@ skipped only when the docs say so: an HTML comment right above its fenced block,
 
     <!-- docs-check: skip curl: needs a running serve.py -->
 
-skips the block's lines whose program is `curl` (or whose script or module is the word named,
-e.g. `tests.test_serve_page`; `*`: every line), or, above a paragraph, the
-commands in its inline code; the report names each skipped command with the reason. A command of an unknown program, untagged, is a failure.
+skips the block's lines whose program is `curl` (or whose script or module is the word named, e.g.
+`tests.test_serve_page`; `*`: every line), or, above a paragraph, the commands in its inline code;
+the report names each skipped command with the reason. A command of an unknown program, untagged, is
+a failure.
 
 Links: every relative Markdown link `[text](path#anchor)` in README.md and docs/*.md, and every
 `docs/NAME.md#anchor` or `README.md#anchor` written in YAML, Python, shell and Makefile text,
@@ -165,29 +166,39 @@ def markdown_commands(text: str, rel: str) -> list[Command]:
     skips: dict[str, str] = {}  # of the open block
     pending: dict[str, str] = {}  # tags read, for the block or paragraph that follows
     paragraph: dict[str, str] = {}  # of the paragraph being read (its inline spans)
+    para: list[int] = []  # the indices of the paragraph's lines
+
+    def flush() -> None:
+        """The inline code spans of the paragraph, which may run over a line break."""
+        joined = "\n".join(lines[k] for k in para)
+        for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", joined):
+            span = " ".join(m.group(1).split())
+            try:
+                words = _split(span)
+            except ValueError:
+                continue
+            if _is_command(words) or _is_override_span(words):
+                line = para[joined.count("\n", 0, m.start())] + 1
+                out.append(_tagged(Command(rel, line, span, inline=True), paragraph))
+        para.clear()
+
     i = 0
     while i < len(lines):
         line = lines[i]
         if fence is None:
             m = SKIP_TAG.search(line)
+            if m or line.startswith("```") or not line.strip():
+                flush()
+                paragraph = {}
             if m:
                 pending[m.group(1)] = m.group(2)
             elif line.startswith("```"):
                 fence = line[3:].strip().lower()
-                skips, pending, paragraph = pending, {}, {}
-            elif not line.strip():
-                paragraph = {}
-            else:
+                skips, pending = pending, {}
+            elif line.strip():
                 if pending:
                     paragraph, pending = pending, {}
-                for m in re.finditer(r"(?<!`)`([^`]+)`(?!`)", line):
-                    span = m.group(1).strip()
-                    try:
-                        words = _split(span)
-                    except ValueError:
-                        continue
-                    if _is_command(words) or _is_override_span(words):
-                        out.append(_tagged(Command(rel, i + 1, span, inline=True), paragraph))
+                para.append(i)
             i += 1
             continue
         if line.startswith("```"):
@@ -210,6 +221,7 @@ def markdown_commands(text: str, rel: str) -> list[Command]:
         if fence in ("bash", "sh") and _in_script_block(lines, start):
             continue  # a script's text (shown byte-identical elsewhere), not commands to type
         out.append(_tagged(Command(rel, start + 1, stripped), skips))
+    flush()
     return out
 
 

@@ -200,3 +200,8 @@ def test_file_names_with_dots_are_not_taken_for_python_names():
     report = dc.Report()
     dc.check_names(report, "`last.pt.tmp`, `hyp.test2016.de`, `model.safetensors`\n", "x.md")
     assert report.link_failures == []
+
+
+def test_an_inline_command_wrapped_over_two_lines_is_checked_whole():
+    failure = _one_failure("Text.\n\nRun `python translate.py -c RUN\n--beam-size 5` to see.\n")
+    assert failure.startswith("docs/new.md:3: ") and "--beam-size" in failure
