@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Translate with a trained checkpoint: sentences as arguments, from a file, or from stdin.
 
-    python translate.py -c RUN_DIR "Ein Mann fährt Fahrrad." "Zwei Hunde spielen."
-    echo "Ein Mann fährt Fahrrad." | python translate.py -c RUN_DIR
-    python translate.py -c RUN_DIR --input test.de --output hyp.en --ref test.en --beam 5
-    python translate.py -c RUN_DIR --plot-attention attn.png "Ein Mann fährt Fahrrad."
+    python translate.py -c RUN_DIR "A man rides a bike." "Two dogs play in the snow."
+    echo "A man rides a bike." | python translate.py -c RUN_DIR
+    python translate.py -c RUN_DIR --input test.en --output hyp.de --ref test.de --beam 5
+    python translate.py -c RUN_DIR --plot-attention attn.png "A man rides a bike."
+    python translate.py -c RUN_DIR --quantize int8 --device cpu --input test.en
+
+(RUN_DIR: a run of the default experiment, English -> German.)
 
 One translation per input line, in order (an empty line gives an empty line), written as the
 input is read: a file `--buffer-size` lines at a time, a pipe or terminal line by line. Every

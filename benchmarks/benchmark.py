@@ -33,7 +33,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `--quantize int8`), `MarianMTModel.generate` on our weights, and CTranslate2 float32 and
   int8, at every `--beams`, batches of `--decode-batch`, `--threads` (default 2) threads; one
   table of sentences/s, sacreBLEU (with `--ref`) and ours / each system
-  (`benchmarks.peers`, shared with `scripts/export_check.py --speed`).
+  (`benchmarks.peers`, shared with `benchmarks/export_speed.py`).
 * GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
   achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul, and
   over the datasheet bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other

@@ -1,5 +1,5 @@
 """Ours and its peers decoding the same real sentences, timed: the one implementation behind
-`benchmarks/benchmark.py --run` and `scripts/export_check.py --speed`.
+`benchmarks/benchmark.py --run` and `benchmarks/export_speed.py`.
 
 A system is a function (source ids without specials, `SearchConfig`) -> the best target ids of
 each sentence, without BOS/EOS, in input order:
@@ -20,7 +20,7 @@ its sentences (both take one limit per call; a trained model's sentences end wel
 All systems start from the same ids and return ids: SentencePiece is outside the timings.
 
 Each system may run in a process of its own (`Isolated`): `benchmarks/benchmark.py --run` and
-`scripts/export_check.py --speed` do so, because in one process CTranslate2 slows torch down
+`benchmarks/export_speed.py` do so, because in one process CTranslate2 slows torch down
 (see `Isolated`). Only one process computes at a time; the others wait on a pipe.
 
 `compare` times every (system, search) on all sentences in one call each, `repeats` times,

@@ -8,14 +8,15 @@ logits and log-probabilities are 10 MB each (8,000-token vocabulary, float32). A
 step's are larger: at 2,048 tokens, 65 MB of logits and as much again for their gradient. So
 freed memory went back to the OS and the next step's blocks page-faulted on first touch.
 
-`keep_freed_memory()` makes `malloc` keep freed memory for reuse instead (no `mmap`, no
-trimming), as jemalloc or tcmalloc would (PyTorch's CPU performance guide suggests those).
-On a 2-core VM, each setting in a process of its own, alternated: beam 5 on 512 test2016
-sentences ran 1.13-1.20x as fast, its 0.43-0.52 million minor page faults per search (about 2 GB
-of fresh pages) down to 6,100-7,400; greedy search (64 rows, 2 MB blocks) did not change;
-training the `tiny` model ran 1.03-1.10x as fast with the same losses. Peak resident memory
-grew by up to 0.1 GB. Keeping only the trim threshold (`mmap` still dynamic) was slower. The
-figures, commands and machine are in docs/benchmarks.md ("The allocator").
+`keep_freed_memory()` makes `malloc` keep freed memory for reuse instead (no `mmap`, no trimming),
+as jemalloc or tcmalloc would (PyTorch's CPU performance guide suggests those). On a 2-core AMD EPYC
+Zen 3 VM (AVX2), each setting in a process of its own, alternated: beam 5 on 512 test2016 sentences
+ran 1.13-1.20x as fast, its 0.43-0.52 million minor page faults per search (about 2 GB of fresh
+pages) down to 6,100-7,400; greedy search (64 rows, 2 MB blocks) did not change; training the `tiny`
+model ran 1.03-1.10x as fast with the same losses. Peak resident memory grew by up to 0.1 GB.
+Keeping only the trim threshold (`mmap` still dynamic) was slower. The figures, commands, machine
+and date are in docs/benchmarks.md ("Where the gap is now, and the allocator"); other CPUs were not
+measured.
 `benchmarks/bench_malloc.py` repeats the search comparison through the benchmark's workers.
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its

@@ -629,10 +629,12 @@ def check_tags(tokenizer: Tokenizer, tags: list[str], where: str) -> None:
     unknown = [tag for tag in tags if tag not in tokenizer.tags]
     if unknown:
         known = ", ".join(tokenizer.tags) or "none"
+        reserve = ",".join(f"'{tag}'" for tag in unknown)
         raise DataError(
             f"unknown tag(s) {', '.join(unknown)}: {where} has no such SentencePiece symbol "
             f"(its tags: {known}); use a fresh run dir to train a model with them, or reserve "
-            "them with tokenizer.user_symbols=[...] when training the model you start from"
+            f'them with "tokenizer.user_symbols=[{reserve}]" when training the model you start '
+            "from"
         )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -84,7 +85,8 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
     for f in fields(SearchConfig):
         text = f.metadata["help"] + _CLI_HELP.get(f.name, "")
         for name, flag in flags.items():  # help names other options by field name
-            text = text.replace(name, flag)
+            if name != f.name or "_" in name:  # "random seed" in --seed's help, not "--seed"
+                text = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, text)
         kind = types[f.name]
         if kind is bool:
             parser.add_argument(flags[f.name], dest=f.name, action="store_true", help=text)

@@ -255,7 +255,9 @@ def pick_tokens(
 
     Shape: logits (N, V) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
     """
-    # float32 as in `model.log_probs`; one fused pass (torch's logsumexp is ~2x slower here)
+    # float32 as in `model.log_probs`; one fused pass: logsumexp's sub + exp_ + amax took 48 ms
+    # of a beam-5 search profile on an AMD EPYC Zen 4 (docs/benchmarks.md, "What the numbers
+    # rest on", `python -m benchmarks.profile_decode --beam 5`)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
     lprobs[:, never_generated(special)] = float("-inf")
@@ -338,7 +340,8 @@ def _chunk_length(vocab: int) -> int:
     """Chunk length of `topk`: 64 where it divides `vocab`, else 32, 128, 96, 48, 16 (0 if
     none does). `amax` vectorises over multiples of 16; 64 was the fastest of 20-128 on (64 |
     320, 8000) rows; there `topk` was 1.75-4.8x torch's for k = 1 and 10
-    (`benchmarks/bench_decode_ops.py`, 2 threads)."""
+    (`python -m benchmarks.bench_decode_ops`, 2 threads, a 2-core AMD EPYC Zen 4 with
+    AVX-512; docs/benchmarks.md, "What the numbers rest on")."""
     return next((L for L in (64, 32, 128, 96, 48, 16) if vocab % L == 0), 0)
 
 

@@ -14,12 +14,14 @@ the model, and adds:
   masked by score biases added inside the matmul (`baddbmm`);
 - with `quantize="int8"`, int8 linear layers (`engine.int8`): the encoder and `decoder_step`
   on copies of the model's linear layers, quantized.
-In float32 everything else is the model's: `encode` and `decode` are the model's, on its
-`KVCache`. The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short
-sources, preallocated cache buffers, the one-token step for beam search) gained less than 5%:
-docs/benchmarks.md, "The engine, path by path" (`python -m benchmarks.engine_paths`). The
-contract with the model is tested (tests/test_engine.py): the same logits up to float
-rounding, the same hypotheses.
+In float32 everything else is the model's: `encode` and `decode` are the model's, on its `KVCache`.
+The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short sources,
+preallocated cache buffers, the one-token step for beam search) gained less than 5% on the one CPU
+they were judged on, an Intel Xeon with AVX-512 and AMX (docs/benchmarks.md, "The engine, path by
+path", `python -m benchmarks.engine_paths`). That rule is not general: on an AMD EPYC Zen 3 (AVX2)
+the one-token step had searched 1.06-1.08x as fast ("On a CPU without AVX-512"), and on AMD CPUs the
+paths were not measured one by one. The contract with the model is tested (tests/test_engine.py):
+the same logits up to float rounding, the same hypotheses.
 """
 
 from __future__ import annotations

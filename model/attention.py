@@ -202,7 +202,8 @@ def attention(
     """
     # bf16/fp16 on the CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
     # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
-    # faster than either at Multi30k's lengths (benchmarks/bench_attention.py).
+    # faster than either at Multi30k's lengths (`python -m benchmarks.bench_attention` on a
+    # 2-core CPU with AVX512-BF16; docs/benchmarks.md, "bf16 against fp32").
     explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
     if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
         # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.

@@ -2,14 +2,15 @@
 checked against the formula it replaces (tests/test_dropout.py, tests/test_loss.py).
 
 - `dropout(x, p, training)` (Srivastava et al. 2014) with a cheap random mask on the CPU.
-  `F.dropout` on the CPU draws one Bernoulli sample per element, about 10% of the `tiny`
-  model's bf16 training step under torch.profiler. Here one 32-bit draw of the same generator
-  (`torch.manual_seed` seeds it) gives two elements 15 random bits each, and an element is
-  dropped when its bits are below round(p * 2^15): the rate is p to within 2^-16, and the kept
-  elements are scaled by exactly 1 / (1 - that rate), so the expectation is the input's, as in
-  `F.dropout`. Forward + backward on a (64, 32, 256) bf16 tensor, 2 threads: about 3x faster
-  than `F.dropout` (`benchmarks/bench_train_ops.py`). Elsewhere (CUDA, under `torch.compile`)
-  this is `F.dropout`, whose kernels are fused already.
+  `F.dropout` on the CPU draws one Bernoulli sample per element, about 10% of the `tiny` model's
+  bf16 training step under torch.profiler (on a 2-core AMD EPYC Zen 4 with AVX512-BF16;
+  docs/benchmarks.md, "The loss and dropout kernels"). Here one 32-bit draw of the same generator
+  (`torch.manual_seed` seeds it) gives two elements 15 random bits each, and an element is dropped
+  when its bits are below round(p * 2^15): the rate is p to within 2^-16, and the kept elements are
+  scaled by exactly 1 / (1 - that rate), so the expectation is the input's, as in `F.dropout`.
+  Forward + backward on a (64, 32, 256) bf16 tensor, 2 threads, that CPU: about 3x faster than
+  `F.dropout` (`python -m benchmarks.bench_train_ops`). Elsewhere (CUDA, under `torch.compile`) this
+  is `F.dropout`, whose kernels are fused already.
 - `label_smoothed_cross_entropy` (Szegedy et al. 2016; paper sec. 5.4) that ignores padding,
   with a hand-written backward (see `_SmoothedCrossEntropy`).
 """
