@@ -22,6 +22,7 @@ Translation needs neither Transformers nor this module: the checkpoint holds the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -31,8 +32,10 @@ import torch
 from torch import Tensor
 
 from checkpoint import build_model, model_payload, save_checkpoint
+from data.batching import pad_rows
 from data.tokenizer import SpecialIds, Tokenizer, Vocabulary
-from exporting.shared import ExportError, require
+from exporting.hf import LOGITS_ATOL
+from exporting.shared import ExportError, probe_sentences, require
 from model import ModelConfig
 
 ARCHITECTURES = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100"}
@@ -365,6 +368,7 @@ def import_hf(
     if src_lang is not None or tgt_lang is not None:
         tokenizer = tokenizer.for_languages(src_lang, tgt_lang)
     model = build_model(cfg, our_state_dict(theirs, cfg))
+    check = check_against_folder(model, tokenizer, folder)
     languages = _languages(folder, tokenizer, family)
     payload = model_payload(model, tokenizer)
     payload["languages"] = languages
@@ -378,10 +382,45 @@ def import_hf(
     tokenizer.save(out_dir)
     return {
         "family": family,
+        "check": check,
         "parameters": model.num_parameters(),
         "languages": languages,
         "config": cfg,
     }
+
+
+@torch.no_grad()
+def check_against_folder(model: Any, tokenizer: Tokenizer, folder: Path) -> float | None:
+    """The largest difference between our logits and the folder's model's, teacher-forced on
+    probe sentences (None when transformers is not installed: nothing to compare with).
+
+    Raises:
+        ExportError: they differ by more than `LOGITS_ATOL`.
+    """
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    theirs = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(folder)).eval()
+    special = tokenizer.special
+    texts = probe_sentences(tokenizer)
+    src_ids = [ids[:30] for ids in tokenizer.encode_src(texts)]
+    tgt_ids = [ids[:30] for ids in tokenizer.encode_tgt(texts)]
+    src = pad_rows(src_ids, special.pad, suffix=[special.eos])  # (B, S)
+    tgt_in = pad_rows(tgt_ids, special.pad, prefix=[special.bos])  # (B, T)
+    expected = theirs(
+        input_ids=src, attention_mask=src.ne(special.pad), decoder_input_ids=tgt_in
+    ).logits
+    got = model(src, tgt_in)
+    real = pad_rows([[0] * (len(ids) + 1) for ids in tgt_ids], -1).ne(-1)  # (B, T) no padding
+    diff = (got - expected).abs()[real].max().item()
+    if not diff <= LOGITS_ATOL:  # also catches NaN
+        raise _fail(
+            f"the imported model does not reproduce {folder} (logits differ by up to {diff:.3g}); "
+            "please report this with the model's name"
+        )
+    return diff
 
 
 def _languages(folder: Path, tokenizer: Tokenizer, family: str) -> dict[str, list[str]]:

@@ -55,7 +55,13 @@ def run(args: argparse.Namespace) -> str:
     return (
         f"wrote {args.out}: {summary['family']} model, {summary['parameters']:,} parameters, "
         f"d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
-        f"{cfg.activation}, languages {pair}" + (f" ({many} codes)" if many > 3 else "")
+        f"{cfg.activation}, languages {pair}"
+        + (f" ({many} codes)" if many > 3 else "")
+        + (
+            f"; logits max |diff| vs the folder's model {summary['check']:.2g}"
+            if summary["check"] is not None
+            else "; not checked against the folder (transformers is not installed)"
+        )
     )
 
 
