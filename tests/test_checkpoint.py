@@ -160,4 +160,6 @@ def test_save_checkpoint_keeps_the_callers_payload(checkpoint: Path, tmp_path: P
     payload.pop(CHECKSUM_KEY)
     save_checkpoint(tmp_path / "again.pt", payload)
     assert CHECKSUM_KEY not in payload
-    assert load_checkpoint(tmp_path / "again.pt")[CHECKSUM_KEY]["crc32"] == payload_checksum(payload)
+    assert load_checkpoint(tmp_path / "again.pt")[CHECKSUM_KEY]["crc32"] == payload_checksum(
+        payload
+    )

@@ -35,8 +35,10 @@ class TrainState:
     best_step: int = 0
     best_valid: dict[str, float] = field(default_factory=dict)
     bad_evals: int = 0  # validations since BLEU last improved (early stopping)
-    nonfinite_streak: int = 0
+    nonfinite_streak: int = 0  # updates skipped in a row (loss or gradient norm NaN/inf)
     nonfinite_total: int = 0
+    rollbacks: int = 0  # rollbacks to last.pt after a divergence (trainer.on_divergence)
+    lr_scale: float = 1.0  # the schedule's lr times this (lowered by each rollback)
     train_seconds: float = 0.0
     validated_step: int = -1  # the last step validated (a preempted run may stop before one)
 
@@ -94,20 +96,7 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             f"{last} was trained with a different model config; resume with the same "
             "config or start a new run dir (hydra.run.dir=...)"
         )
-    # With EMA, `model` is the average and `train_weights` what the optimizer trained.
-    trained = ckpt.get("train_weights", ckpt["model"])
-    model.load_state_dict(trained)
-    if trainee.ema is not None:
-        trainee.ema.load_state_dict(model, ckpt["model"])
-        if "train_weights" not in ckpt:
-            log.info("%s has no weight average: EMA starts from its weights", last)
-    elif "train_weights" in ckpt:
-        log.warning("%s holds a weight average; trainer.ema_decay=0 drops it", last)
-    load_optimizer(trainee.optimizer, ckpt["optimizer"], last)
-    if trainee.scaler.is_enabled() and not ckpt["scaler"]:
-        log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
-    elif trainee.scaler.is_enabled():
-        trainee.scaler.load_state_dict(ckpt["scaler"])
+    _restore_learning(trainee, ckpt, last)
     saved = ckpt["train_state"]  # older checkpoints were written at validations only
     trainee.state = TrainState(**{"validated_step": saved["step"], **saved})
     # One random state per rank that saved it (older checkpoints: one dict, one rank).
@@ -133,6 +122,36 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
             len(rngs),
         )
     return True
+
+
+def roll_back(trainee: Trainee, last: Path) -> bool:
+    """Restore the weights, weight average, optimizer and loss scale of `last` (a diverged run
+    going back to its last good checkpoint), keeping this run's progress, data position and
+    random state; False if there is no `last`."""
+    if not last.is_file():
+        return False
+    ckpt = load_checkpoint(last, map_location="cpu")
+    _restore_learning(trainee, ckpt, last)
+    return True
+
+
+def _restore_learning(trainee: Trainee, ckpt: dict[str, Any], last: Path) -> None:
+    """What a checkpoint restores besides progress: weights, EMA, optimizer, loss scale."""
+    model = trainee.model
+    # With EMA, `model` is the average and `train_weights` what the optimizer trained.
+    trained = ckpt.get("train_weights", ckpt["model"])
+    model.load_state_dict(trained)
+    if trainee.ema is not None:
+        trainee.ema.load_state_dict(model, ckpt["model"])
+        if "train_weights" not in ckpt:
+            log.info("%s has no weight average: EMA starts from its weights", last)
+    elif "train_weights" in ckpt:
+        log.warning("%s holds a weight average; trainer.ema_decay=0 drops it", last)
+    load_optimizer(trainee.optimizer, ckpt["optimizer"], last)
+    if trainee.scaler.is_enabled() and not ckpt["scaler"]:
+        log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
+    elif trainee.scaler.is_enabled():
+        trainee.scaler.load_state_dict(ckpt["scaler"])
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict, path: Path) -> None:
