@@ -5,6 +5,7 @@ tokenizer a checkpoint holds (`checkpoint.format`)."""
 from checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
+    CheckpointWriteError,
     CorruptCheckpointError,
     InferenceBundle,
     build_model,
@@ -23,6 +24,7 @@ from checkpoint.format import (
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
+    "CheckpointWriteError",
     "CorruptCheckpointError",
     "InferenceBundle",
     "build_model",

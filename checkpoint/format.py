@@ -73,11 +73,37 @@ def model_payload(
     }
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (e.g. the disk is full); nothing was lost."""
+
+
 def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write `payload` with its checksum to `path` atomically: on any error (a full disk
-    included) the temp file is removed and the previous `path` is untouched."""
+    """Write `payload` with its checksum to `path` atomically.
+
+    Raises:
+        CheckpointWriteError: the write failed (a full disk, a quota, an I/O error): the
+            partial temp file is removed and the previous `path`, if any, is untouched.
+    """
+    path = Path(path)
     stored = {**payload, CHECKSUM_KEY: {"crc32": payload_checksum(payload)}}
-    atomic_write(path, lambda f: torch.save(stored, f))
+    try:
+        atomic_write(path, lambda f: torch.save(stored, f))
+    except (OSError, RuntimeError) as e:
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {path} ({_os_reason(e)}); the partial file was removed "
+            f"and the previous {path.name}, if any, is intact: free space in {path.parent} "
+            "(or fix it) and rerun the same command to resume"
+        ) from None
+
+
+def _os_reason(error: BaseException) -> str:
+    """The OS error behind `error` (torch's writer wraps it in a RuntimeError), for a message."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return f"{seen.strerror}, errno {seen.errno}"
+        seen = seen.__cause__ or seen.__context__
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def payload_checksum(payload: dict[str, Any]) -> int:

@@ -122,7 +122,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
                 progress.set_postfix(reading.postfix)
                 stop_now = reading.stop
                 if reading.diverged:
-                    handle_divergence(run)
+                    handle_divergence(run, window)
             else:
                 stop_now = False
             if stop_now or at_eval:
@@ -138,7 +138,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     if window.updates:
         reading = read_window(run, window, False)
         if reading.diverged:
-            handle_divergence(run)
+            handle_divergence(run, window)
     if state.validated_step != state.step:
         run.validate_and_save()  # the final state is always validated and saved
     return Outcome(run.test())
@@ -257,7 +257,8 @@ def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
     loss_sum, nll_sum, applied, tgt, all_tokens, stops = values[:6]
     grad_norm, skipped, overflows, max_streak, streak, scale = values[6:]
     seconds = time.perf_counter() - window.started
-    loss, nll = loss_sum / max(applied, 1), nll_sum / max(applied, 1)
+    nan = float("nan")  # every update of the window skipped: no loss to show
+    loss, nll = (loss_sum / applied, nll_sum / applied) if applied else (nan, nan)
     tok_s = all_tokens / max(seconds, 1e-9)
     lr = trainee.optimizer.param_groups[0]["lr"]
     step, updates = state.step, window.updates
@@ -317,11 +318,13 @@ def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
     )
 
 
-def handle_divergence(run: Run) -> None:
-    """`trainer.max_nonfinite` updates in a row were skipped: roll back to `last.pt` (weights,
-    optimizer, loss scale, weight average; progress and data position go on) with the
-    learning rate times `trainer.rollback_lr_factor`, at most `trainer.max_rollbacks` times
-    (`trainer.on_divergence=rollback`), or stop (`stop`, or nothing to roll back to).
+def handle_divergence(run: Run, window: _Window) -> None:
+    """`trainer.max_nonfinite` updates in a row were skipped: roll back to the newest good
+    checkpoint (`last.pt`, else a `step_<N>.pt` with a finite validation loss: its weights,
+    optimizer, loss scale, weight average; progress and data position go on, so the batches
+    that diverged are not replayed) with the learning rate times `trainer.rollback_lr_factor`,
+    at most `trainer.max_rollbacks` times (`trainer.on_divergence=rollback`), or stop (`stop`,
+    or nothing to roll back to).
 
     Raises:
         TrainingError: the run stops (one line: what happened and what to change).
@@ -329,10 +332,9 @@ def handle_divergence(run: Run) -> None:
     trainer, state = run.cfg.trainer, run.trainee.state
     step, streak = state.step, max(state.nonfinite_streak, trainer.max_nonfinite)
     what = f"the loss or gradient norm was NaN/inf for {streak} updates in a row (step {step})"
-    fix = (
-        "lower optim.lr, raise optim.warmup_steps, or use trainer.precision=bf16/fp32 "
-        "instead of fp16"
-    )
+    fix = "lower optim.lr or raise optim.warmup_steps"
+    if trainer.precision == "fp16":
+        fix += ", or use trainer.precision=bf16 or fp32 instead of fp16"
     if trainer.on_divergence == "stop":
         raise TrainingError(f"{what}; {fix}")
     if state.rollbacks >= trainer.max_rollbacks:
@@ -340,17 +342,21 @@ def handle_divergence(run: Run) -> None:
             f"{what}, after {state.rollbacks} rollback(s) with a lowered learning rate "
             f"(trainer.max_rollbacks={trainer.max_rollbacks}); {fix}"
         )
-    last = run.run_dir / "checkpoints" / "last.pt"
-    if not roll_back(run.trainee, last):
-        raise TrainingError(f"{what}, before any checkpoint to roll back to; {fix}")
+    folder = run.run_dir / "checkpoints"
+    good = roll_back(run.trainee, folder)
+    if good is None:
+        raise TrainingError(
+            f"{what}, and no checkpoint with a finite validation loss to roll back to; {fix}"
+        )
     state.rollbacks += 1
     state.lr_scale *= trainer.rollback_lr_factor
     state.nonfinite_streak = 0
+    window.streak = 0.0
     log.warning(
         "%s: rolled back to %s (step %d) with the learning rate x%g (rollback %d of %d)",
         what,
-        last,
-        state.validated_step,
+        good[0],
+        good[1],
         state.lr_scale,
         state.rollbacks,
         trainer.max_rollbacks,
