@@ -20,7 +20,7 @@ import torch
 import training.loop as loop
 from checkpoint import CheckpointError, load_checkpoint
 from tests.test_checkpoint import damage, flip_byte_in_tensor_data
-from tests.train_helpers import run_train, toy_cfg
+from tests.train_helpers import TOY, run_train, toy_cfg
 from training import build
 from training.config import Configs
 from training.loop import TrainingError, fit
@@ -277,3 +277,61 @@ def test_without_a_good_checkpoint_divergence_stops_in_one_line(tmp_path):
     lines = _error_lines(result.stderr)
     assert len(lines) == 1 and "no checkpoint with a finite validation loss" in lines[0]
     assert not (run_dir / "checkpoints" / "best.pt").exists()
+
+
+# ------------------------------------------------------------------ bad corpus lines
+
+
+def _corpus(folder: Path, de: list[str], en: list[str]) -> Path:
+    """The toy corpus with `de`/`en` lines appended to its train split (bytes allowed)."""
+    shutil.copytree(TOY, folder)
+    for lang, extra in (("de", de), ("en", en)):
+        path = folder / f"train.{lang}"
+        data = path.read_bytes()
+        for line in extra:
+            data += line if isinstance(line, bytes) else line.encode() + b"\n"
+        path.write_bytes(data)
+    return folder
+
+
+def test_empty_and_over_long_pairs_are_skipped_and_counted(tmp_path):
+    """Empty and whitespace-only sides, and a line of 3,000 words (far beyond data.max_len
+    and the positions a model is trained on): skipped, counted in the log and results.json."""
+    words = " ".join(["Haus"] * 3000)
+    corpus = _corpus(
+        tmp_path / "corpus",
+        ["", "Ein Hund.", words, "Eine Katze."],
+        ["An empty source.", "   ", " ".join(["house"] * 3000), "A cat."],
+    )
+    run_dir = tmp_path / "run"
+    result = run_train(run_dir, f"data.dir={corpus}", "trainer.max_steps=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    dropped = json.loads((run_dir / "results.json").read_text())["dropped_pairs"]
+    assert dropped == {"empty_side": 2, "length_ratio": 0, "over_max_len": 1}
+    log_text = (run_dir / "train.log").read_text()
+    assert "2 with an empty or whitespace-only side" in log_text
+    assert "removed 1 of 42 training pairs longer than max_len=128" in log_text
+
+
+@pytest.mark.parametrize("fault", ["invalid UTF-8", "line counts"])
+def test_unusable_corpus_is_refused_in_one_line_and_nothing_half_written(tmp_path, fault):
+    """12,000 lines (more than one Arrow record batch is written before the fault): invalid
+    UTF-8 at line 11,000 of train.de, or a train.en one line short. One line names the file
+    and line; no cache file (nor temp file) is left for the split."""
+    n = 12_000
+    de = [f"Satz {i}." for i in range(n)]
+    en = [f"Sentence {i}." for i in range(n if fault == "invalid UTF-8" else n - 1)]
+    if fault == "invalid UTF-8":
+        de[10_959] = b"Gr\xfc\xdfe.\n"  # latin-1: line 40 + 10,960 = 11,000 of train.de
+    corpus = _corpus(tmp_path / "corpus", de, en)
+    cache = tmp_path / "cache"
+    result = run_train(tmp_path / "run", f"data.dir={corpus}")  # caches in tmp_path/cache
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = _error_lines(result.stderr)
+    assert len(lines) == 1, result.stderr[-3000:]
+    if fault == "invalid UTF-8":
+        assert f"{corpus / 'train.de'}: line 11000 is not valid UTF-8" in lines[0]
+    else:
+        assert f"line {n + 40} of {corpus / 'train.de'} has no counterpart" in lines[0]
+    left = [p.name for p in cache.rglob("*") if p.is_file() and "train" in p.name]
+    assert left == [], left

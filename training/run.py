@@ -185,7 +185,9 @@ class Run(Learner):
         best = self.run_dir / "checkpoints" / "best.pt"
         if best.is_file():
             model.load_state_dict(load_checkpoint(best)["model"])
-        results = results_summary(state, self.cfg.decoding, model, ctx.world_size)
+        results = results_summary(
+            state, self.cfg.decoding, model, ctx.world_size, self.data.dropped
+        )
         translator = self.translator(model)
         for split, raw in self.data.test.items():
             src, ref = texts(raw)
