@@ -358,9 +358,11 @@ def _iter_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
             # Count the rest of the longer side so the message gives both full counts.
             rest = 1 + sum(1 for _ in (tgt_lines if src is None else src_lines))
             n_src, n_tgt = (count, count + rest) if src is None else (count + rest, count)
+            longer = tgt_path if src is None else src_path
             raise DataError(
                 f"line counts differ: {src_path} has {n_src} lines but {tgt_path} has "
-                f"{n_tgt}; the two sides of a split must be line-aligned, one sentence per line"
+                f"{n_tgt} (line {count + 1} of {longer} has no counterpart); the two sides "
+                "of a split must be line-aligned, one sentence per line"
             )
         count += 1
         yield src, tgt
@@ -479,36 +481,45 @@ def _to_src_tgt(ds: datasets.Dataset, cfg: DataConfig, split: str) -> datasets.D
 
 
 def filter_train_pairs(ds: datasets.Dataset, cfg: DataConfig) -> datasets.Dataset:
-    """Drop empty/whitespace-only pairs and length-ratio outliers. For training data only.
+    """`filter_train_pairs_counted` without the counts."""
+    return filter_train_pairs_counted(ds, cfg)[0]
+
+
+def filter_train_pairs_counted(
+    ds: datasets.Dataset, cfg: DataConfig
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """Drop pairs with an empty or whitespace-only side, then length-ratio outliers; the
+    pairs kept and how many each rule dropped (``empty_side``, ``length_ratio``). For
+    training data only (valid and test keep every line, so BLEU sees every reference).
 
     The ratio is on characters, ``(longer + 5) / (shorter + 5) > cfg.max_len_ratio``: unlike
     whitespace tokens it also works for unsegmented scripts, and the smoothing keeps short
     pairs. At the default 3.0 it removes about 0.01% of Multi30k or Tatoeba pairs.
 
+    Each stage is cached on disk by ``datasets`` (written to a temp file, then renamed: never
+    half a file).
+
     Raises:
         DataError: Nothing is left.
     """
-    key = _hash("filter", ds._fingerprint, cfg.max_len_ratio)  # Dataset has no public accessor
-    cache_file = cache_root(cfg) / "filtered" / f"{key}.arrow"
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    kept = ds.filter(
-        _keep_pairs,
-        batched=True,
-        input_columns=["src", "tgt"],
-        fn_kwargs={"max_ratio": cfg.max_len_ratio},
-        # An explicit file keeps the cache out of the corpus dir (load_from_disk datasets
-        # would otherwise write next to their source files).
-        cache_file_name=str(cache_file),
-        load_from_cache_file=True,
-        new_fingerprint=key,
-        num_proc=_num_proc(cfg, len(ds)),
-        desc="filtering training pairs",
+    non_empty = _filter(ds, cfg, "empty", _keep_non_empty, {}, "dropping empty pairs")
+    kept = _filter(
+        non_empty,
+        cfg,
+        f"ratio {cfg.max_len_ratio}",
+        _keep_ratio,
+        {"max_ratio": cfg.max_len_ratio},
+        "filtering length-ratio outliers",
     )
+    counts = {"empty_side": len(ds) - len(non_empty), "length_ratio": len(non_empty) - len(kept)}
     removed = len(ds) - len(kept)
     log.info(
-        "removed %d of %d training pairs (empty side or length ratio > %g)",
+        "removed %d of %d training pairs: %d with an empty or whitespace-only side, %d with a "
+        "length ratio > %g",
         removed,
         len(ds),
+        counts["empty_side"],
+        counts["length_ratio"],
         cfg.max_len_ratio,
     )
     if len(kept) == 0:
@@ -516,15 +527,44 @@ def filter_train_pairs(ds: datasets.Dataset, cfg: DataConfig) -> datasets.Datase
             f"no training pairs left after removing {removed} empty or misaligned pairs; "
             "check the corpus or raise data.max_len_ratio (0 disables the ratio filter)"
         )
-    return kept
+    return kept, counts
 
 
-def _keep_pairs(srcs: list[str | None], tgts: list[str | None], max_ratio: float) -> list[bool]:
+def _filter(
+    ds: datasets.Dataset, cfg: DataConfig, stage: str, keep, kwargs: dict, desc: str
+) -> datasets.Dataset:
+    key = _hash("filter", ds._fingerprint, stage)  # Dataset has no public accessor
+    cache_file = cache_root(cfg) / "filtered" / f"{key}.arrow"
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    return ds.filter(
+        keep,
+        batched=True,
+        input_columns=["src", "tgt"],
+        fn_kwargs=kwargs,
+        # An explicit file keeps the cache out of the corpus dir (load_from_disk datasets
+        # would otherwise write next to their source files).
+        cache_file_name=str(cache_file),
+        load_from_cache_file=True,
+        new_fingerprint=key,
+        num_proc=_num_proc(cfg, len(ds)),
+        desc=desc,
+    )
+
+
+def _keep_non_empty(srcs: list[str | None], tgts: list[str | None]) -> list[bool]:
+    return [
+        bool((s or "").strip()) and bool((t or "").strip()) for s, t in zip(srcs, tgts, strict=True)
+    ]
+
+
+def _keep_ratio(srcs: list[str], tgts: list[str], max_ratio: float) -> list[bool]:
+    if max_ratio <= 0:
+        return [True] * len(srcs)
     keep = []
     for src, tgt in zip(srcs, tgts, strict=True):
-        n_src, n_tgt = len((src or "").strip()), len((tgt or "").strip())
+        n_src, n_tgt = len(src.strip()), len(tgt.strip())
         ratio = (max(n_src, n_tgt) + _RATIO_SMOOTHING) / (min(n_src, n_tgt) + _RATIO_SMOOTHING)
-        keep.append(n_src > 0 and n_tgt > 0 and (max_ratio <= 0 or ratio <= max_ratio))
+        keep.append(ratio <= max_ratio)
     return keep
 
 

@@ -19,7 +19,7 @@ from common.memory import on_glibc
 from data.batching import collate
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build, distributed
-from training.loop import TrainingError, _Window, fit, train_step
+from training.loop import _Window, fit, train_step
 from training.run import Learner
 
 # Equivalence tests compare parameters after one plain SGD step with lr 1 and no clipping, so
@@ -139,7 +139,7 @@ def _ddp_worker(rank: int, world: int, tmp: str, port: int) -> None:
         rows = run.data.train[indices]
         batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special, indices)
         learner = Learner(run.cfg, ctx, run.trainee, model)
-        train_step(learner, [batch], _Window(ctx.device), lambda: False)
+        train_step(learner, [batch], _Window(ctx.device))
         torch.save(
             {"indices": indices, "params": params(run.trainee.model)}, tmp_path / f"rank{rank}.pt"
         )
@@ -279,20 +279,27 @@ def test_mixed_precision_trains_on_cpu(tmp_path, precision):
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
 
 
-def test_nonfinite_updates_are_skipped_then_stop_clearly(tmp_path):
+def test_nonfinite_update_is_skipped_on_the_device_and_counted(tmp_path):
+    """A NaN weight makes the loss NaN: the fused Adam step leaves the weights, moments and
+    step counters as they were, and the window counts the skip and the streak."""
     run = toy(tmp_path, "trainer.max_nonfinite=2")
     rows = run.data.train[list(range(4))]
     batch = collate(rows["src_ids"], rows["tgt_ids"], run.data.tokenizer.special)
-    model, state = run.trainee.model, run.trainee.state
+    model, optimizer = run.trainee.model, run.trainee.optimizer
+    run.update([batch])  # a good update first: Adam has moments and step counters
     with torch.no_grad():
         model.encoder.layers[0].feed_forward.linear1.weight[0, 0] = float("nan")
     before = params(model)
-    run.update([batch])  # skipped, not applied
-    assert state.nonfinite_streak == 1 and state.nonfinite_total == 1
+    moments = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
+    window = _Window(run.ctx.device)
+    assert run.update([batch], window) != run.update([batch], window)  # NaN twice
     for name, value in params(model).items():
         torch.testing.assert_close(value, before[name], equal_nan=True, atol=0, rtol=0)
-    with pytest.raises(TrainingError, match="NaN/inf for 2 updates in a row"):
-        run.update([batch])
+    for p, saved in optimizer.state.items():
+        for key, value in saved.items():
+            torch.testing.assert_close(value, moments[id(p)][key], atol=0, rtol=0)
+    assert [float(window.skipped), float(window.streak), float(window.max_streak)] == [2, 2, 2]
+    assert float(window.applied_tokens) == 0 and float(window.loss) == 0  # nothing logged as NaN
 
 
 def test_early_stopping_on_bleu_patience(tmp_path):

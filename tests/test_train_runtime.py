@@ -21,14 +21,18 @@ from common import runtime
 from data.batching import collate, prefetch
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 from training import build
-from training.loop import _updates, fit
+from training.loop import _updates, _Window, fit, train_step
+from training.run import Learner
 from training.run_dir import RunDirBusy, RunDirLock
 from training.state import TrainState
 
 T = torch.Tensor
-# Python-level reads of a tensor's value: on CUDA each one waits for the GPU.
-PY_READS = {T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy}
-# Operators that read device memory on the host inside C++ (CUDA syncs).
+# Python-level reads of a tensor's value or copies to the host: on CUDA each one waits for the GPU.
+PY_READS = {
+    T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.cpu,
+}  # fmt: skip
+# Operators that read device memory on the host inside C++ (CUDA syncs), besides those tagged
+# as having a data-dependent output or output shape.
 SYNC_OPS = {
     torch.ops.aten._local_scalar_dense.default,
     torch.ops.aten.nonzero.default,
@@ -36,6 +40,8 @@ SYNC_OPS = {
     torch.ops.aten.is_nonzero.default,
     torch.ops.aten.equal.default,
 }
+SYNC_TAGS = {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output}
+INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default}
 
 
 class _Count(TorchFunctionMode):
@@ -51,17 +57,28 @@ class _Count(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _CountOps(TorchDispatchMode):
-    """Records the calls of `watched` operators (reads inside C++)."""
+class _CountSyncOps(TorchDispatchMode):
+    """Records the operators that read a tensor's value on the host or whose output shape
+    depends on data: `SYNC_OPS`, ops tagged `SYNC_TAGS`, and boolean-mask indexing."""
 
-    def __init__(self, watched: set) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.watched, self.calls = watched, []
+        self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.watched:
+        if func in SYNC_OPS or SYNC_TAGS & set(func.tags) or _bool_mask_index(func, args):
             self.calls.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def _bool_mask_index(func, args) -> bool:
+    if func not in INDEX_OPS or len(args) < 2:
+        return False
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype == torch.bool
+        for i in (args[1] or [])
+        if i is not None
+    )
 
 
 def _two_batches(run):
@@ -73,18 +90,51 @@ def _two_batches(run):
     ]
 
 
-def test_an_update_reads_one_value_back_to_the_host(tmp_path):
-    """Gradient accumulation over 2 micro-batches, Adam: one read per update (the gradient
-    norm, to skip a non-finite update). Before: 36 here (2 token counts, 2 loss sums, the norm,
-    and one Adam step counter per parameter tensor)."""
-    run = toy(tmp_path, "trainer.update_freq=2")
+def test_the_counters_see_each_kind_of_host_read():
+    """The modes below must be able to fail: each kind of read they look for is seen."""
+    x = torch.tensor([1.0, float("nan"), 3.0])
+    with _Count(PY_READS) as reads, _CountSyncOps() as ops:
+        x.sum().item()
+        x.tolist()
+        x.cpu()
+        bool(x[0] > 0)
+        x[x > 1]  # boolean-mask indexing
+        torch.nonzero(x)
+        x.unique()
+    assert {"item", "tolist", "cpu", "__bool__"} <= set(reads.calls)
+    assert any("nonzero" in c for c in ops.calls) and any("unique" in c for c in ops.calls)
+    assert any("_local_scalar_dense" in c for c in ops.calls)
+    assert any("index" in c for c in ops.calls)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_update_reads_nothing_back_to_the_host(tmp_path, precision):
+    """Gradient accumulation over 2 micro-batches, label smoothing, clipping, fused Adam, not on
+    a log or eval step: zero host reads per update, even when the update is skipped as
+    non-finite. Before: 36 here (2 token counts, 2 loss sums, the norm, one Adam step counter
+    per parameter tensor), then 1 (the gradient norm and the stop flag, to skip a non-finite
+    update on the host)."""
+    run = toy(
+        tmp_path,
+        "trainer.update_freq=2",
+        f"trainer.precision={precision}",
+        "optim.label_smoothing=0.1",
+        "optim.clip_norm=0.5",
+        "trainer.ema_decay=0.99",
+    )
+    assert run.cfg.trainer.log_every > 4 and run.cfg.trainer.eval_every > 4
     batches = _two_batches(run)
-    run.update(batches)  # the optimizer creates its state
-    with _Count(PY_READS) as reads, _CountOps(SYNC_OPS) as ops:
+    window = _Window(run.ctx.device)
+    learner = Learner(run.cfg, run.ctx, run.trainee, run.trainee.model)
+    train_step(learner, batches, window)  # the optimizer creates its state
+    with _Count(PY_READS) as reads, _CountSyncOps() as ops:
         for _ in range(3):
-            run.update(batches)
-    assert reads.calls == ["tolist"] * 3
-    assert ops.calls == []
+            train_step(learner, batches, window)
+        with torch.no_grad():
+            run.trainee.model.encoder.layers[0].feed_forward.linear1.weight[0, 0] = float("nan")
+        train_step(learner, batches, window)  # skipped on the device
+    assert reads.calls == [] and ops.calls == []
+    assert float(window.skipped) == 1 and window.updates == 5
 
 
 def test_prefetch_gives_the_same_batches_in_the_same_order(tmp_path):
@@ -133,14 +183,15 @@ def test_fp16_overflow_lowers_the_loss_scale_without_counting_as_divergence(tmp_
     run.trainee.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**60)  # overflows for sure
     batches = _two_batches(run)[:1]
     before = params(run.trainee.model)
-    grad_norm, _ = run.update(batches)  # skipped, not fatal although max_nonfinite=1
+    window = _Window(run.ctx.device)
+    grad_norm = run.update(batches, window)  # skipped, not a divergence: max_nonfinite=1
     assert grad_norm != grad_norm or grad_norm == float("inf")
-    assert run.trainee.state.nonfinite_streak == 0
+    assert float(window.overflows) == 1 and float(window.skipped) == float(window.streak) == 0
     assert run.trainee.scaler.get_scale() == 2.0**59
     for name, value in params(run.trainee.model).items():
         torch.testing.assert_close(value, before[name], atol=0, rtol=0)
     for _ in range(60):  # the scale halves until the gradients fit, then training goes on
-        grad_norm, _ = run.update(batches)
+        grad_norm = run.update(batches)
     assert grad_norm == grad_norm and grad_norm < float("inf")
 
 

@@ -55,12 +55,15 @@ class Toy:
     data: build.Data
     trainee: Trainee
 
-    def update(self, batches: list) -> tuple[float, bool]:
-        """One `train_step` on the plain model, as `fit` runs it in one process."""
+    def update(self, batches: list, window: _Window | None = None) -> float:
+        """One `train_step` on the plain model, as `fit` runs it in one process; returns the
+        gradient norm (read back here, not by the update). `window` carries the skip counts
+        from update to update."""
         learner = Learner(self.cfg, self.ctx, self.trainee, self.trainee.model)
-        grad_norm, stop = train_step(learner, batches, _Window(self.ctx.device), lambda: False)
+        window = window or _Window(self.ctx.device)
+        train_step(learner, batches, window)
         self.trainee.state.step += 1
-        return grad_norm, stop
+        return float(window.grad_norm)
 
     def use_sgd(self) -> Toy:
         self.trainee.optimizer = torch.optim.SGD(self.trainee.model.parameters(), lr=1.0)

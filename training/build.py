@@ -26,7 +26,7 @@ from data.dataset import (
     cache_root,
     corpora,
     encode_split,
-    filter_train_pairs,
+    filter_train_pairs_counted,
     load_split,
     tag_sources,
 )
@@ -59,6 +59,8 @@ class Data:
     # Several corpora (data.corpora): (pairs, weight) of each, in `train`'s row order.
     mixture: list[tuple[int, float]] | None = None
     test_langs: dict[str, str] = field(default_factory=dict)  # test split -> target language
+    # Training pairs dropped, by rule (empty_side, length_ratio, over_max_len); results.json.
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def load_data(
@@ -81,11 +83,15 @@ def load_data(
     parts = listed or [Corpus("", data_cfg)]
     with _timed(seconds, "load"):
         raws = [load_split(c.data, c.data.train_split) for c in parts]
+    dropped = {"empty_side": 0, "length_ratio": 0, "over_max_len": 0}
     with _timed(seconds, "filter"):
-        raws = [
-            tag_sources(filter_train_pairs(raw, c.data), c.tag, c.data)
-            for raw, c in zip(raws, parts, strict=True)
-        ]
+        filtered = []
+        for raw, c in zip(raws, parts, strict=True):
+            kept, counts = filter_train_pairs_counted(raw, c.data)
+            filtered.append(tag_sources(kept, c.tag, c.data))
+            for rule, n in counts.items():
+                dropped[rule] += n
+        raws = filtered
     tags = list(dict.fromkeys(c.tag for c in parts if c.tag))
     with _timed(seconds, "sentencepiece"):
         train_raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
@@ -95,6 +101,7 @@ def load_data(
             encode_split(raw, tokenizer, c.data, train=True)
             for raw, c in zip(raws, parts, strict=True)
         ]
+    dropped["over_max_len"] = sum(len(r) for r in raws) - sum(len(t) for t in trains)
     if not listed:
         with _timed(seconds, "load"):
             valid_raw = load_split(data_cfg, data_cfg.valid_split)
@@ -125,7 +132,7 @@ def load_data(
         sum(seconds.values()),
         ", ".join(f"{stage} {s:.1f} s" for stage, s in seconds.items()),
     )
-    return Data(tokenizer, train, valid, test, mixture, test_langs)
+    return Data(tokenizer, train, valid, test, mixture, test_langs, dropped)
 
 
 def _evaluation_splits(

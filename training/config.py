@@ -55,6 +55,9 @@ class TrainerConfig:
     keep_last: int = 5
     patience: int = 0
     max_nonfinite: int = 10
+    on_divergence: str = "rollback"
+    max_rollbacks: int = 3
+    rollback_lr_factor: float = 0.5
     compile: bool = False
     valid_max_sentences: int = 0
     num_threads: int = 0
@@ -106,6 +109,12 @@ class Configs:
         trainer, optim = self.trainer, self.optim
         _choice("trainer.precision", trainer.precision, ("auto", "fp32", "bf16", "fp16"))
         _choice("optim.name", optim.name, ("adam", "adamw"))
+        _choice("trainer.on_divergence", trainer.on_divergence, ("rollback", "stop"))
+        if not 0.0 < trainer.rollback_lr_factor <= 1.0:
+            raise ConfigError(
+                f"trainer.rollback_lr_factor={trainer.rollback_lr_factor} must be in (0, 1] "
+                "(the learning rate is multiplied by it at each rollback; e.g. 0.5)"
+            )
         _choice("optim.schedule", optim.schedule, ("inverse_sqrt", "noam"))
         for key, value in (
             ("trainer.max_tokens", trainer.max_tokens),
@@ -113,6 +122,7 @@ class Configs:
             ("trainer.eval_every", trainer.eval_every),
             ("trainer.log_every", trainer.log_every),
             ("trainer.dist_timeout", trainer.dist_timeout),
+            ("trainer.max_nonfinite", trainer.max_nonfinite),
         ):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be positive")

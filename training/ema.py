@@ -34,10 +34,17 @@ class WeightEMA:
         return min(self.decay, (1.0 + step) / (10.0 + step))
 
     @torch.no_grad()
-    def update(self, step: int) -> None:
-        """Fold the current weights in, after optimizer update number `step`."""
+    def update(self, step: int, skip: Tensor | None = None) -> None:
+        """Fold the current weights in, after optimizer update number `step`; not when `skip`
+        (a 0-d bool on the device: the update was skipped), decided on the device."""
         weight = 1.0 - self.decay_at(step)
-        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], weight)
+        current = [p.detach().float() for p in self.params]
+        if skip is None:
+            torch._foreach_lerp_(self.shadow, current, weight)
+            return
+        diff = torch._foreach_sub(current, self.shadow)
+        torch._foreach_mul_(diff, torch.where(skip, 0.0, weight).float())
+        torch._foreach_add_(self.shadow, diff)
 
     def state_dict(self, model: nn.Module) -> dict[str, Tensor]:
         """`model.state_dict()` with every parameter replaced by its average."""

@@ -91,9 +91,14 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, Any]:
 
 
 def results_summary(
-    state: TrainState, search: SearchConfig, model: torch.nn.Module, world_size: int
+    state: TrainState,
+    search: SearchConfig,
+    model: torch.nn.Module,
+    world_size: int,
+    dropped: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """What `results.json` holds about the run; its "test" scores are filled in per split."""
+    """What `results.json` holds about the run; its "test" scores are filled in per split.
+    `dropped`: training pairs the data preparation skipped, by rule."""
     return {
         "valid": {k: state.best_valid.get(k, 0.0) for k in ("bleu", "chrf", "loss", "ppl")},
         "test": {},
@@ -102,6 +107,8 @@ def results_summary(
         "epochs": state.epoch,
         "train_seconds": round(state.train_seconds, 1),
         "nonfinite_updates": state.nonfinite_total,
+        "rollbacks": state.rollbacks,
+        "dropped_pairs": dict(dropped or {}),
         "decoding": asdict(search),
         "parameters": sum(p.numel() for p in model.parameters()),
         "world_size": world_size,

@@ -26,7 +26,13 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, stored_tokenizer
+from checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    load_checkpoint,
+    resolve_checkpoint,
+    stored_tokenizer,
+)
 from data.tokenizer import Tokenizer
 from model import ModelConfig
 from training.config import ConfigError, Configs
@@ -98,7 +104,15 @@ def initial_checkpoint(cfg: Configs, run_dir: Path, explicit: set[str]) -> Initi
     else:
         path, fresh = _init_path(trainer.init_from, trainer.init_keep_optimizer), True
     try:
-        ckpt = load_checkpoint(path)
+        try:
+            ckpt = load_checkpoint(path)
+        except CorruptCheckpointError:
+            if fresh:
+                raise
+            # A damaged last.pt: the model comes from init_from here, and `resume` falls
+            # back to an intact checkpoint of the run (or says why it cannot).
+            path = _init_path(trainer.init_from, trainer.init_keep_optimizer)
+            ckpt = load_checkpoint(path)
     except CheckpointError as e:
         raise CheckpointError(f"trainer.init_from: {e}") from None
     if fresh and trainer.init_keep_optimizer and "optimizer" not in ckpt:

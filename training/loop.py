@@ -7,8 +7,10 @@ Data flow: corpus -> SentencePiece ids -> token-budget batches (built on a backg
 -> Transformer -> label-smoothed loss -> Adam step (lr from `schedule.py`); every `eval_every`
 updates: valid loss + BLEU/chrF -> TensorBoard -> checkpoints/{last,best,step_N}.pt.
 
-Host syncs: an update reads one thing back from the device, the gradient norm (to skip a
-non-finite update); loss sums stay on the device until `log_every`.
+Host syncs: none in an update. A non-finite loss or gradient norm skips the update on the
+device (`_masked_step`); loss sums, the gradient norm and the skip counters stay on the device
+until `read_window` reads them in one transfer every `log_every` updates (and before each
+validation), which is also when divergence is acted on (`handle_divergence`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from training import build, distributed
 from training.config import Configs, TrainerConfig
 from training.run import Learner, Run
 from training.run_dir import RunDirLock
-from training.state import Trainee, TrainState
+from training.state import TrainState, roll_back
 from training.stop import StopRequests
 
 log = logging.getLogger(__name__)
@@ -106,14 +108,24 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     started, first_step = time.perf_counter(), state.step + 1
     with StopRequests() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
-            grad_norm, stop_now = train_step(run, batches, window, stop.requested)
+            train_step(run, batches, window)
             state.step += 1
             progress.update(1)
             if state.step == first_step:
                 log.info("first update done (step %d)", state.step)
-            if state.step % trainer.log_every == 0:
-                progress.set_postfix(_log_train(run, window, grad_norm))
-            if stop_now or state.step % trainer.eval_every == 0:
+            at_eval = state.step % trainer.eval_every == 0
+            # A stop request is a host flag: one process acts on it after this update; under
+            # torchrun the ranks agree on it when they read the window (every log_every).
+            asked = not ctx.enabled and stop.requested()
+            if asked or at_eval or state.step % trainer.log_every == 0:
+                reading = read_window(run, window, stop.requested())
+                progress.set_postfix(reading.postfix)
+                stop_now = reading.stop
+                if reading.diverged:
+                    handle_divergence(run, window)
+            else:
+                stop_now = False
+            if stop_now or at_eval:
                 state.train_seconds += time.perf_counter() - started
                 if stop_now:  # every rank stops after this same update, before validating it
                     reason = stop.reason or "a stop request on another rank"
@@ -123,24 +135,31 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
                 started = time.perf_counter()
     progress.close()
     state.train_seconds += time.perf_counter() - started
+    if window.updates:
+        reading = read_window(run, window, False)
+        if reading.diverged:
+            handle_divergence(run, window)
     if state.validated_step != state.step:
         run.validate_and_save()  # the final state is always validated and saved
     return Outcome(run.test())
 
 
-def train_step(
-    learner: Learner, batches: list[Batch], window: _Window, stop_requested: Callable[[], bool]
-) -> tuple[float, bool]:
+def train_step(learner: Learner, batches: list[Batch], window: _Window) -> None:
     """One optimizer update over `batches` (gradient accumulation): forward, loss, backward,
     clip, step, schedule. Equal to one big batch: gradients are normalised by the target
-    tokens of the whole update on all ranks. Returns the gradient norm and whether any rank
-    was asked to stop (asked at the end of this update), from the update's one host read."""
+    tokens of the whole update on all ranks.
+
+    No host-device sync: an update whose loss or gradient norm is not finite is skipped on the
+    device (the fused optimizer's `found_inf`: weights, moments and step counters unchanged;
+    the weight average too), and counted in `window`, which `read_window` reads with the other
+    logged values every `log_every` updates (tests/test_train_runtime.py counts the reads)."""
     model, trainee, ctx = learner.train_model, learner.trainee, learner.ctx
     optimizer, scaler, state = trainee.optimizer, trainee.scaler, trainee.state
-    trainer, optim = learner.cfg.trainer, learner.cfg.optim
+    optim = learner.cfg.optim
+    trainer = learner.cfg.trainer
     model.train()
     per_token = 1.0 / (trainer.max_tokens * trainer.update_freq)  # a constant: fp16-safe scale
-    local_tokens = 0
+    local_tokens, loss_sum, nll_sum = 0, None, None
     for i, batch in enumerate(batches):
         batch = batch.to(ctx.device, non_blocking=True)
         defer_sync = ctx.enabled and i < len(batches) - 1  # DDP all-reduces on the last backward
@@ -151,55 +170,197 @@ def train_step(
                 logits, batch.tgt_out, batch.pad_id, optim.label_smoothing
             )
             scaler.scale(out.loss * per_token).backward()
-        window.add(out.loss.detach(), out.nll, batch)
+        loss = out.loss.detach().float()
+        loss_sum = loss if loss_sum is None else loss_sum + loss
+        nll_sum = out.nll.float() if nll_sum is None else nll_sum + out.nll.float()
         local_tokens += batch.n_tgt_tokens
+        window.count_tokens(batch)
     # DDP averaged the gradients over ranks: scale sum(grads) / (W * per_token^-1) to
-    # sum(grads) / all tokens. The token count is reduced after the backward, on the device.
+    # sum(grads) / all tokens. The token count (and whether any rank's loss is not finite) is
+    # reduced after the backward, on the device, in one collective.
     scaler.unscale_(optimizer)
-    n_tokens = distributed.all_reduce_(_full(local_tokens, ctx.device), ctx)
+    local = torch.stack([_full(local_tokens, ctx.device), (~loss_sum.isfinite()).float()])
+    n_tokens, bad_losses = distributed.all_reduce_(local, ctx).unbind()
     grads = [p.grad for p in trainee.model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, ctx.world_size / per_token / n_tokens)
     max_norm = optim.clip_norm if optim.clip_norm > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(trainee.model.parameters(), max_norm)
+    skip = (~grad_norm.isfinite()) | (bad_losses > 0)  # the same on every rank
+    lr = build.learning_rate(state.step + 1, optim, trainee.model.cfg.d_model) * state.lr_scale
     for group in optimizer.param_groups:
-        group["lr"] = build.learning_rate(state.step + 1, optim, trainee.model.cfg.d_model)
-    flags = torch.stack([grad_norm.float(), _full(stop_requested(), ctx.device)])
-    grad_norm_value, stop_value = distributed.all_reduce_(flags, ctx, op="max").tolist()
-    if math.isfinite(grad_norm_value):
-        optimizer.step()
-        if trainee.ema is not None:
-            trainee.ema.update(state.step + 1)
-        state.nonfinite_streak = 0
-    else:
-        _skip_update(trainee, trainer.max_nonfinite)
-    scaler.update()
+        group["lr"] = lr
+    _masked_step(optimizer, skip)
+    if trainee.ema is not None:
+        trainee.ema.update(state.step + 1, skip)
+    scaler.update()  # fp16: a skipped update is an overflow, which halves the loss scale
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm_value, stop_value > 0
+    window.add_update(loss_sum, nll_sum, local_tokens, grad_norm, skip, scaler.is_enabled())
 
 
-def _skip_update(trainee: Trainee, max_nonfinite: int) -> None:
-    """A non-finite gradient: the update is skipped. Under fp16 that is the loss scale's
-    overflow, which `scaler.update()` answers by halving the scale; otherwise count it."""
-    state, step = trainee.state, trainee.state.step + 1
-    if trainee.scaler.is_enabled():
-        if trainee.scaler.get_scale() < MIN_LOSS_SCALE:
-            raise TrainingError(
-                f"fp16 gradients overflow even at loss scale {trainee.scaler.get_scale():.1e} "
-                f"(step {step}); use trainer.precision=bf16 or fp32, or lower optim.lr"
-            )
-        log.info("step %d: fp16 overflow, update skipped, loss scale lowered", step)
-        return
-    state.nonfinite_streak += 1
-    state.nonfinite_total += 1
-    log.warning(
-        "step %d: non-finite gradient, update skipped (%d in a row)", step, state.nonfinite_streak
+def _masked_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """`optimizer.step()` unless `skip` (a 0-d bool on the device), decided on the device by a
+    fused optimizer (its `found_inf`: the kernel leaves parameters, moments and step counters
+    as they were). Other optimizers (not built by `build.build_optimizer`) read `skip` back."""
+    if all(group.get("fused") for group in optimizer.param_groups):
+        optimizer.found_inf = skip.float()  # read by Adam/AdamW.step, as GradScaler sets it
+        try:
+            optimizer.step()
+        finally:
+            optimizer.found_inf = None
+    elif not bool(skip):
+        optimizer.step()
+
+
+@dataclass
+class Reading:
+    """What `read_window` read: the log line's values, whether to stop and whether the run
+    diverged (`trainer.max_nonfinite` skipped updates in a row)."""
+
+    postfix: dict[str, str]
+    stop: bool
+    diverged: bool
+
+
+def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
+    """Read the window's device values in one transfer (after one collective under torchrun,
+    which also agrees on `stop_requested`), log them, count skipped updates into the train
+    state, check the fp16 loss scale, and start a new window.
+
+    Raises:
+        TrainingError: fp16 gradients overflow even at the smallest loss scale.
+    """
+    trainee, ctx, trainer = run.trainee, run.ctx, run.cfg.trainer
+    state, scaler = trainee.state, trainee.scaler
+    device = ctx.device
+    summed = torch.stack(  # summed over ranks
+        [
+            torch.as_tensor(window.loss, device=device).double(),
+            torch.as_tensor(window.nll, device=device).double(),
+            torch.as_tensor(window.applied_tokens, device=device).double(),
+            _full(window.tgt_tokens, device).double(),
+            _full(window.all_tokens, device).double(),
+            _full(stop_requested, device).double(),
+        ]
     )
-    if state.nonfinite_streak >= max_nonfinite:
-        raise TrainingError(
-            f"the loss was NaN/inf for {state.nonfinite_streak} updates in a row (step {step}); "
-            "lower optim.lr, raise optim.warmup_steps, or use trainer.precision=bf16/fp32 "
-            "instead of fp16"
+    same = torch.stack(  # identical on every rank: derived from all-reduced values
+        [
+            torch.as_tensor(window.grad_norm, device=device).double(),
+            torch.as_tensor(window.skipped, device=device).double(),
+            torch.as_tensor(window.overflows, device=device).double(),
+            torch.as_tensor(window.max_streak, device=device).double(),
+            torch.as_tensor(window.streak, device=device).double(),
+            scaler._get_scale_async().double().reshape(()) if scaler.is_enabled()
+            else _full(1.0, device).double(),
+        ]
+    )  # fmt: skip
+    values = torch.cat([distributed.all_reduce_(summed, ctx), same]).tolist()  # the one read
+    loss_sum, nll_sum, applied, tgt, all_tokens, stops = values[:6]
+    grad_norm, skipped, overflows, max_streak, streak, scale = values[6:]
+    seconds = time.perf_counter() - window.started
+    nan = float("nan")  # every update of the window skipped: no loss to show
+    loss, nll = (loss_sum / applied, nll_sum / applied) if applied else (nan, nan)
+    tok_s = all_tokens / max(seconds, 1e-9)
+    lr = trainee.optimizer.param_groups[0]["lr"]
+    step, updates = state.step, window.updates
+    state.nonfinite_total += int(skipped)
+    state.nonfinite_streak = int(streak)
+    if skipped:
+        log.warning(
+            "steps %d-%d: %d of %d updates skipped (loss or gradient norm not finite), "
+            "%d in a row at most (trainer.max_nonfinite=%d)",
+            step - updates + 1,
+            step,
+            skipped,
+            updates,
+            max_streak,
+            trainer.max_nonfinite,
         )
+    if overflows:
+        log.info(
+            "steps %d-%d: %d fp16 overflow(s), updates skipped, loss scale now %.1e",
+            step - updates + 1,
+            step,
+            overflows,
+            scale,
+        )
+        if scale < MIN_LOSS_SCALE:
+            raise TrainingError(
+                f"fp16 gradients overflow even at loss scale {scale:.1e} (step {step}); "
+                "use trainer.precision=bf16 or fp32, or lower optim.lr"
+            )
+    log.info(
+        "step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | gnorm %.2f | %.0f tok/s",
+        step,
+        state.epoch + 1,
+        loss,
+        math.exp(min(nll, 50)),
+        lr,
+        grad_norm,
+        tok_s,
+    )
+    run.logger.scalars(
+        "train",
+        {
+            "loss": loss,
+            "ppl": math.exp(min(nll, 50)),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_sec": tok_s,
+            "skipped_updates": skipped,
+        },
+        step,
+    )
+    window.reset()
+    return Reading(
+        {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"},
+        stops > 0,
+        max_streak >= trainer.max_nonfinite,
+    )
+
+
+def handle_divergence(run: Run, window: _Window) -> None:
+    """`trainer.max_nonfinite` updates in a row were skipped: roll back to the newest good
+    checkpoint (`last.pt`, else a `step_<N>.pt` with a finite validation loss: its weights,
+    optimizer, loss scale, weight average; progress and data position go on, so the batches
+    that diverged are not replayed) with the learning rate times `trainer.rollback_lr_factor`,
+    at most `trainer.max_rollbacks` times (`trainer.on_divergence=rollback`), or stop (`stop`,
+    or nothing to roll back to).
+
+    Raises:
+        TrainingError: the run stops (one line: what happened and what to change).
+    """
+    trainer, state = run.cfg.trainer, run.trainee.state
+    step, streak = state.step, max(state.nonfinite_streak, trainer.max_nonfinite)
+    what = f"the loss or gradient norm was NaN/inf for {streak} updates in a row (step {step})"
+    fix = "lower optim.lr or raise optim.warmup_steps"
+    if trainer.precision == "fp16":
+        fix += ", or use trainer.precision=bf16 or fp32 instead of fp16"
+    if trainer.on_divergence == "stop":
+        raise TrainingError(f"{what}; {fix}")
+    if state.rollbacks >= trainer.max_rollbacks:
+        raise TrainingError(
+            f"{what}, after {state.rollbacks} rollback(s) with a lowered learning rate "
+            f"(trainer.max_rollbacks={trainer.max_rollbacks}); {fix}"
+        )
+    folder = run.run_dir / "checkpoints"
+    good = roll_back(run.trainee, folder)
+    if good is None:
+        raise TrainingError(
+            f"{what}, and no checkpoint with a finite validation loss to roll back to; {fix}"
+        )
+    state.rollbacks += 1
+    state.lr_scale *= trainer.rollback_lr_factor
+    state.nonfinite_streak = 0
+    window.streak = 0.0
+    log.warning(
+        "%s: rolled back to %s (step %d) with the learning rate x%g (rollback %d of %d)",
+        what,
+        good[0],
+        good[1],
+        state.lr_scale,
+        state.rollbacks,
+        trainer.max_rollbacks,
+    )
 
 
 def _full(value: float, device: torch.device) -> torch.Tensor:
@@ -244,59 +405,55 @@ def _should_stop(state: TrainState, trainer: TrainerConfig) -> bool:
 
 @dataclass
 class _Window:
-    """Training statistics since the last log line; device tensors until read."""
+    """Training statistics since the last read (`read_window`); device tensors until read.
+    `streak` (skipped updates in a row, fp16 overflows not counted) carries over windows."""
 
     device: torch.device
-    loss: Any = 0.0
+    loss: Any = 0.0  # loss and nll sums of the updates applied
     nll: Any = 0.0
-    tgt_tokens: int = 0
+    applied_tokens: Any = 0.0  # target tokens of the updates applied
+    tgt_tokens: int = 0  # every batch's, applied or not (throughput)
     all_tokens: int = 0
+    updates: int = 0
+    grad_norm: Any = 0.0  # the last update's
+    skipped: Any = 0.0  # updates skipped as non-finite (not fp16 overflows)
+    overflows: Any = 0.0  # fp16 overflows (skipped too; the loss scale halves)
+    streak: Any = 0.0
+    max_streak: Any = 0.0
     started: float = field(default_factory=time.perf_counter)
 
-    def add(self, loss: torch.Tensor, nll: torch.Tensor, batch: Batch) -> None:
-        self.loss = self.loss + loss
-        self.nll = self.nll + nll
+    def count_tokens(self, batch: Batch) -> None:
         self.tgt_tokens += batch.n_tgt_tokens
         self.all_tokens += batch.n_tgt_tokens + batch.n_src_tokens
 
+    def add_update(
+        self,
+        loss: torch.Tensor,
+        nll: torch.Tensor,
+        tokens: int,
+        grad_norm: torch.Tensor,
+        skip: torch.Tensor,
+        fp16: bool,
+    ) -> None:
+        """Fold in one update (device ops only; `fp16`: a skip is the loss scale's overflow)."""
+        zero = torch.zeros((), device=loss.device)
+        self.loss = self.loss + torch.where(skip, zero, loss)
+        self.nll = self.nll + torch.where(skip, zero, nll)
+        self.applied_tokens = self.applied_tokens + torch.where(skip, zero, zero + tokens)
+        self.grad_norm = grad_norm.detach()
+        self.updates += 1
+        flag = skip.float()
+        if fp16:
+            self.overflows = self.overflows + flag
+            return
+        self.skipped = self.skipped + flag
+        self.streak = (self.streak + 1) * flag  # 0 after an applied update
+        self.max_streak = torch.maximum(
+            torch.as_tensor(self.max_streak, device=flag.device), self.streak
+        )
 
-def _log_train(run: Run, window: _Window, grad_norm: float) -> dict[str, str]:
-    """Reduce the window over ranks (one host read), log it, and start a new window."""
-    trainee, ctx = run.trainee, run.ctx
-    sums = torch.stack(
-        [
-            torch.as_tensor(window.loss, device=ctx.device).double(),
-            torch.as_tensor(window.nll, device=ctx.device).double(),
-        ]
-    )
-    loss_sum, nll_sum, tgt, all_tokens = distributed.all_reduce_sum(
-        [*sums.tolist(), window.tgt_tokens, window.all_tokens], ctx
-    )
-    seconds = time.perf_counter() - window.started
-    loss, nll = loss_sum / max(tgt, 1), nll_sum / max(tgt, 1)
-    tok_s = all_tokens / max(seconds, 1e-9)
-    lr = trainee.optimizer.param_groups[0]["lr"]
-    step = trainee.state.step
-    log.info(
-        "step %d | epoch %d | loss %.3f | ppl %.2f | lr %.2e | gnorm %.2f | %.0f tok/s",
-        step,
-        trainee.state.epoch + 1,
-        loss,
-        math.exp(min(nll, 50)),
-        lr,
-        grad_norm,
-        tok_s,
-    )
-    run.logger.scalars(
-        "train",
-        {
-            "loss": loss,
-            "ppl": math.exp(min(nll, 50)),
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens_per_sec": tok_s,
-        },
-        step,
-    )
-    window.__init__(ctx.device)
-    return {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"}
+    def reset(self) -> None:
+        """A new window; the streak of skipped updates goes on."""
+        streak = self.streak
+        self.__init__(self.device)
+        self.streak = streak

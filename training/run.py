@@ -135,7 +135,9 @@ class Run(Learner):
         """Validate; track the best BLEU (early stopping); write last/best/step_N.pt."""
         state = self.trainee.state
         metrics = self.validate()
-        improved = metrics["bleu"] > state.best_bleu
+        state.valid_loss = metrics["loss"]
+        # A model whose validation loss is NaN/inf (a diverged run) never becomes best.pt.
+        improved = metrics["bleu"] > state.best_bleu and math.isfinite(metrics["loss"])
         if improved:
             state.best_bleu, state.best_step, state.best_valid = (
                 metrics["bleu"],
@@ -148,6 +150,7 @@ class Run(Learner):
 
     def save(self, keep_last: int, is_best: bool = False) -> None:
         """Write `last.pt` (+ `best.pt`, + `step_<N>.pt` keeping the newest `keep_last`).
+        `step_<N>.pt` holds what `last.pt` holds, so a damaged `last.pt` resumes from it.
 
         Call on every rank: each contributes its random state, rank 0 writes, and no rank goes
         on before the files are written."""
@@ -159,7 +162,7 @@ class Run(Learner):
             if is_best:
                 save_checkpoint(folder / "best.pt", {**base, "config": config})
             if keep_last > 0:
-                save_checkpoint(folder / f"step_{self.trainee.state.step}.pt", base)
+                save_checkpoint(folder / f"step_{self.trainee.state.step}.pt", last)
                 keep_newest_step_checkpoints(folder, keep_last)
         distributed.barrier(self.ctx)
 
@@ -182,7 +185,9 @@ class Run(Learner):
         best = self.run_dir / "checkpoints" / "best.pt"
         if best.is_file():
             model.load_state_dict(load_checkpoint(best)["model"])
-        results = results_summary(state, self.cfg.decoding, model, ctx.world_size)
+        results = results_summary(
+            state, self.cfg.decoding, model, ctx.world_size, self.data.dropped
+        )
         translator = self.translator(model)
         for split, raw in self.data.test.items():
             src, ref = texts(raw)

@@ -1,6 +1,10 @@
 """What a resumed run needs besides the weights: progress, optimizer, loss scale, every rank's
-random state; what `checkpoints/last.pt` holds (`best.pt` and `step_<N>.pt` hold what inference
+random state; what `checkpoints/last.pt` and `step_<N>.pt` hold (`best.pt` holds what inference
 needs), written by `Run.save` and restored by `resume`.
+
+A damaged `last.pt` (truncated, empty, a checksum that does not match) is moved aside and the
+run resumes from the newest intact `step_<N>.pt`, which holds the same resume state, or from
+`best.pt` if it has one (`resume`).
 
 Resume is exact: a run stopped after update k and restarted equals one that never stopped, bit
 for bit on the CPU, also under DDP, as long as the world size is the same.
@@ -16,7 +20,13 @@ from typing import Any
 
 import torch
 
-from checkpoint import CheckpointError, load_checkpoint, model_payload
+from checkpoint import (
+    CheckpointError,
+    CorruptCheckpointError,
+    load_checkpoint,
+    model_payload,
+    step_checkpoints,
+)
 from data.tokenizer import Tokenizer
 from training import distributed
 from training.ema import WeightEMA
@@ -35,8 +45,11 @@ class TrainState:
     best_step: int = 0
     best_valid: dict[str, float] = field(default_factory=dict)
     bad_evals: int = 0  # validations since BLEU last improved (early stopping)
-    nonfinite_streak: int = 0
+    nonfinite_streak: int = 0  # updates skipped in a row (loss or gradient norm NaN/inf)
     nonfinite_total: int = 0
+    rollbacks: int = 0  # rollbacks to last.pt after a divergence (trainer.on_divergence)
+    lr_scale: float = 1.0  # the schedule's lr times this (lowered by each rollback)
+    valid_loss: float | None = None  # the last validation's loss (NaN: not a good checkpoint)
     train_seconds: float = 0.0
     validated_step: int = -1  # the last step validated (a preempted run may stop before one)
 
@@ -60,9 +73,9 @@ def checkpoint_payloads(
     trainee: Trainee, tokenizer: Tokenizer, config: dict, rngs: list[dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What this run's checkpoints hold: `base`, in every one (the weights to translate with,
-    model config, tokenizer, progress), and `last`: `base` plus all that `resume` restores (the
-    trained weights if they differ, optimizer, loss scale, `rngs`: every rank's random state)
-    and the resolved `config`."""
+    model config, tokenizer, progress), and `last` (`last.pt` and `step_<N>.pt`): `base` plus
+    all that `resume` restores (the trained weights if they differ, optimizer, loss scale,
+    `rngs`: every rank's random state) and the resolved `config`."""
     state = asdict(trainee.state)
     weights = trainee.inference_weights()
     base = {**model_payload(trainee.model, tokenizer, weights), "train_state": state}
@@ -78,8 +91,16 @@ def checkpoint_payloads(
     return base, last
 
 
+RESUME_KEYS = ("optimizer", "scaler", "rng", "train_state")  # what a checkpoint resumes from
+
+
 def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
     """Restore everything from `last` if it exists (every rank reads it); False otherwise.
+
+    A damaged `last` is moved aside (`last.pt.damaged`, never overwritten) and the run
+    resumes from the newest intact `step_<N>.pt` beside it, else `best.pt` if it holds resume
+    state, with one warning line; if none can, CheckpointError says what each lacks and
+    nothing is moved.
 
     Call before wrapping the model in DDP. Tensors load onto the CPU first: the optimizer moves
     its state next to the parameters itself, except Adam's step counters, which a non-fused
@@ -87,13 +108,115 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
     """
     if not last.is_file():
         return False
-    ckpt = load_checkpoint(last, map_location="cpu")
+    try:
+        ckpt, source = load_checkpoint(last, map_location="cpu"), last
+    except CorruptCheckpointError as damage:
+        ckpt, source = _fall_back(last, damage, ctx)
     model = trainee.model
     if ckpt["model_config"] != asdict(model.cfg):
         raise CheckpointError(
-            f"{last} was trained with a different model config; resume with the same "
+            f"{source} was trained with a different model config; resume with the same "
             "config or start a new run dir (hydra.run.dir=...)"
         )
+    _restore_learning(trainee, ckpt, source)
+    saved = ckpt["train_state"]  # older checkpoints were written at validations only
+    trainee.state = TrainState(**{"validated_step": saved["step"], **saved})
+    # One random state per rank that saved it (older checkpoints: one dict, one rank).
+    rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
+    if len(rngs) == ctx.world_size:
+        set_rng_state(rngs[ctx.rank], ctx.device)
+    else:
+        log.warning(
+            "%s was saved by %d ranks, this run has %d: data order and dropout streams "
+            "differ from an uninterrupted run",
+            source,
+            len(rngs),
+            ctx.world_size,
+        )
+        seed_everything(trainee.state.step * 7919 + ctx.rank)
+    if ctx.is_main:
+        log.info(
+            "resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))",
+            source,
+            trainee.state.step,
+            trainee.state.epoch,
+            trainee.state.batches_done,
+            len(rngs),
+        )
+    return True
+
+
+def _fall_back(
+    last: Path, damage: CorruptCheckpointError, ctx: distributed.DistContext
+) -> tuple[dict[str, Any], Path]:
+    """The newest intact checkpoint beside a damaged `last` that can resume the run; `last`
+    is then moved aside (rank 0, once every rank has chosen)."""
+    folder = last.parent
+    lacking: list[str] = []
+    for path in [*reversed(step_checkpoints(folder)), folder / "best.pt"]:
+        if not path.is_file():
+            continue
+        try:
+            ckpt = load_checkpoint(path, map_location="cpu")
+        except CorruptCheckpointError:
+            lacking.append(f"{path.name} is damaged too")
+            continue
+        missing = [key for key in RESUME_KEYS if key not in ckpt]
+        if missing:
+            lacking.append(f"{path.name} has no {'/'.join(missing)}")
+            continue
+        distributed.barrier(ctx)  # every rank has read `last` and chosen `path`
+        aside = _move_aside(last) if ctx.is_main else last
+        log.warning(
+            "%s; moved it to %s and resuming from %s (step %d) instead",
+            damage,
+            aside.name,
+            path.name,
+            ckpt["train_state"]["step"],
+        )
+        return ckpt, path
+    found = "; ".join(lacking) or "no step_<N>.pt or best.pt beside it"
+    raise CheckpointError(
+        f"{damage} -- and no other checkpoint can resume the run ({found}); start a new "
+        f"run dir, with trainer.init_from={folder / 'best.pt'} if it is intact"
+    )
+
+
+def _move_aside(path: Path) -> Path:
+    """Rename `path` to `<name>.damaged` (`.damaged.2`, ... if taken); the new name."""
+    aside, n = path.with_name(f"{path.name}.damaged"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged.{n}")
+    path.rename(aside)
+    return aside
+
+
+def roll_back(trainee: Trainee, folder: Path) -> tuple[Path, int] | None:
+    """Restore the weights, weight average, optimizer and loss scale of the newest good
+    checkpoint in `folder` (`last.pt`, else a `step_<N>.pt`: intact, with resume state, and a
+    finite validation loss), keeping this run's progress, data position and random state: a
+    diverged run going back. Returns the file and its step; None if there is none."""
+    for path in [folder / "last.pt", *reversed(step_checkpoints(folder))]:
+        if not path.is_file():
+            continue
+        try:
+            ckpt = load_checkpoint(path, map_location="cpu")
+        except CorruptCheckpointError:
+            continue
+        loss = ckpt.get("train_state", {}).get("valid_loss")
+        if any(key not in ckpt for key in RESUME_KEYS) or (loss is not None and loss != loss):
+            continue
+        if loss is not None and abs(loss) == float("inf"):
+            continue
+        _restore_learning(trainee, ckpt, path)
+        return path, ckpt["train_state"]["step"]
+    return None
+
+
+def _restore_learning(trainee: Trainee, ckpt: dict[str, Any], last: Path) -> None:
+    """What a checkpoint restores besides progress: weights, EMA, optimizer, loss scale."""
+    model = trainee.model
     # With EMA, `model` is the average and `train_weights` what the optimizer trained.
     trained = ckpt.get("train_weights", ckpt["model"])
     model.load_state_dict(trained)
@@ -108,31 +231,6 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
         log.warning("%s was trained without fp16 loss scaling; starting a new loss scale", last)
     elif trainee.scaler.is_enabled():
         trainee.scaler.load_state_dict(ckpt["scaler"])
-    saved = ckpt["train_state"]  # older checkpoints were written at validations only
-    trainee.state = TrainState(**{"validated_step": saved["step"], **saved})
-    # One random state per rank that saved it (older checkpoints: one dict, one rank).
-    rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
-    if len(rngs) == ctx.world_size:
-        set_rng_state(rngs[ctx.rank], ctx.device)
-    else:
-        log.warning(
-            "%s was saved by %d ranks, this run has %d: data order and dropout streams "
-            "differ from an uninterrupted run",
-            last,
-            len(rngs),
-            ctx.world_size,
-        )
-        seed_everything(trainee.state.step * 7919 + ctx.rank)
-    if ctx.is_main:
-        log.info(
-            "resumed from %s at step %d (epoch %d, batch %d; saved by %d rank(s))",
-            last,
-            trainee.state.step,
-            trainee.state.epoch,
-            trainee.state.batches_done,
-            len(rngs),
-        )
-    return True
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, saved: dict, path: Path) -> None:
