@@ -25,7 +25,9 @@ What is timed (each model gets the same random batch, the same precision, the sa
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
   sentence. CTranslate2 (peer `ctranslate2`, float32 and int8, on our weights through
   `exporting.ct2.export_ct2`) has no forced EOS: it gets `min_decoding_length =
-  max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each).
+  max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each);
+  ours int8 (`engine.Engine(model, "int8")`, what `--quantize int8` runs) decodes beside it.
+  `--activation silu --preset base --vocab 58101` gives OPUS-MT en-de's shape.
   Forced lengths give every system the same work, but they hide what a search earns on real
   input by dropping finished sentences from the batch: `--run` measures that.
 * real sentences (`--run DIR --src FILE [--ref FILE]`, instead of the above): a trained run's
@@ -89,10 +91,12 @@ from common.runtime import autocast
 from data.batching import Batch, collate
 from data.tokenizer import SpecialIds
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
+from engine import Engine
 from exporting.ct2 import ct2_target_ids, ct2_translate, export_ct2
 from exporting.hf import check_marian, to_marian
 from exporting.shared import INSTALL_HINT, require
 from model import ModelConfig, Transformer
+from model.config import ACTIVATIONS
 from model.kernels import label_smoothed_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +106,7 @@ LABEL_SMOOTHING = 0.1
 OURS, MARIAN, TORCH = "ours", "transformers", "nn.Transformer"
 CT2 = "ctranslate2"  # the --peers name; decodes at two weight types:
 CT2_FP32, CT2_INT8 = "CTranslate2 fp32", "CTranslate2 int8"
+OURS_INT8 = "ours int8"  # decoded beside CTranslate2's int8
 VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
 GOALS = {"train": 1.2, "beam5": 2.0}  # targets for ours / transformers on the same device
 
@@ -109,11 +114,14 @@ GOALS = {"train": 1.2, "beam5": 2.0}  # targets for ours / transformers on the s
 # ------------------------------------------------------------------------------- models
 
 
-def model_config(preset: str, vocab: int, preset_dropouts: bool) -> tuple[ModelConfig, str]:
+def model_config(
+    preset: str, vocab: int, preset_dropouts: bool, activation: str = "relu"
+) -> tuple[ModelConfig, str]:
     """Our config for a preset. By default every model gets the preset's P_drop on sublayer
     outputs, attention weights and after the FFN ReLU: `nn.Transformer` has one dropout for
     all three, so this is the only setting where the three do the same work."""
     fields, source = load_preset(preset)
+    fields["activation"] = activation
     if not preset_dropouts:
         fields["attn_dropout"] = fields["act_dropout"] = fields.get("dropout", 0.1)
     cfg = ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=SPECIAL.pad, **fields)
@@ -269,12 +277,15 @@ def print_ratios(results: dict[str, dict], unit: str) -> tuple[dict, dict]:
     ratios (each repeat is one round of the interleaving, the same work for all) with their
     min-max range. Returns (medians, ranges)."""
     ratios, ranges = {}, {}
-    for name in results:
-        if name != OURS:
-            spread = peers.ratio_spread(results[OURS]["times_s"], results[name]["times_s"])
-            ratios[f"ours/{name}"] = spread.median
-            ranges[f"ours/{name}"] = spread.as_dict()
-            print(f"  ratio ours/{name} ({unit}): {spread.format('.3f')}")
+    pairs = [(OURS, name) for name in results if name not in (OURS, OURS_INT8)]
+    if OURS_INT8 in results and CT2_INT8 in results:  # int8 against int8
+        pairs.append((OURS_INT8, CT2_INT8))
+    for mine, name in pairs:
+        spread = peers.ratio_spread(results[mine]["times_s"], results[name]["times_s"])
+        key = f"{mine}/{name}".replace(f"{OURS}/", "ours/")
+        ratios[key] = spread.median
+        ranges[key] = spread.as_dict()
+        print(f"  ratio {key} ({unit}): {spread.format('.3f')}")
     return ratios, ranges
 
 
@@ -626,6 +637,8 @@ def bench_decode(setup: Setup, precision: str) -> list[dict[str, Any]]:
         if CT2 in args.peers and precision == "fp32":
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
             decoders.update(ct2_decoders(models[OURS], cfg.src_vocab_size, folder, device))
+            # ours int8 (translate.py --quantize int8) beside CTranslate2 int8
+            decoders[OURS_INT8] = functools.partial(decode_ours, Engine(models[OURS], "int8"))
         entries = []
         for beam in args.beams:
             entries.append(decode_one(setup, decoders, src, beam, precision))
@@ -904,6 +917,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--vocab", type=int, default=8000, help="shared vocabulary size (default: 8000)")
     add(
+        "--activation",
+        choices=ACTIVATIONS,
+        default="relu",
+        help="feed-forward activation (OPUS-MT's shape: --preset base --vocab 58101 "
+        "--activation silu; default: relu)",
+    )
+    add(
         "--preset-dropouts",
         action="store_true",
         help="keep the preset's attn/act dropout (0) for ours and Marian instead of P_drop "
@@ -1067,7 +1087,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if args.run:
         return bench_real(args)
     device = torch.device(args.device)
-    cfg, source = model_config(args.preset, args.vocab, args.preset_dropouts)
+    cfg, source = model_config(args.preset, args.vocab, args.preset_dropouts, args.activation)
     gpu = device.type == "cuda"
     print(
         f"preset={args.preset} ({source}) d_model={cfg.d_model} heads={cfg.n_heads} "
