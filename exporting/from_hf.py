@@ -295,6 +295,13 @@ def nllb_tokenizer(folder: Path, config: dict[str, Any], cfg: ModelConfig) -> To
         if (folder / "tokenizer_config.json").is_file()
         else {}
     )
+    if settings.get("tokenizer_class") == "M2M100Tokenizer" or (
+        (folder / "vocab.json").is_file() and not (folder / "tokenizer.json").is_file()
+    ):
+        raise _fail(
+            f"{folder} has M2M100's own tokenizer (vocab.json, __xx__ codes), which is not "
+            "supported; NLLB-200's (NllbTokenizer) is"
+        )
     if settings.get("legacy_behaviour"):
         raise _fail(
             "this NLLB tokenizer uses legacy_behaviour=true (language code after </s>), "
