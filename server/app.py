@@ -113,7 +113,10 @@ class Service:
             model = next((m for m in self.models if m.id == model_id), None)
             if model is None:
                 raise RoutingError(f"unknown model {model_id!r}{served}")
-            for code, codes, side in ((src, model.sources, "source"), (tgt, model.targets, "target")):
+            for code, codes, side in (
+                (src, model.sources, "source"),
+                (tgt, model.targets, "target"),
+            ):
                 if code is not None and codes and code not in codes:
                     raise RoutingError(
                         f"model {model_id!r} has no {side} language {code!r}{served}"
@@ -192,7 +195,10 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
         return run
 
     def check_key(body: dict[str, Any], request: Request) -> None:
+        given = "api_key" in body
         key = body.pop("api_key", None)
+        if given and not isinstance(key, str):
+            raise _error(400, "'api_key' must be a string")
         auth = request.headers.get("authorization", "")
         if key is None and auth.lower().startswith("bearer "):
             key = auth[7:].strip()
@@ -270,7 +276,8 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
                 raise _error(400, f"Invalid request: missing {name} parameter")
             if not isinstance(value, str):
                 raise _error(400, f"Invalid request: {name} must be a language code (a string)")
-        fmt = body.get("format") or "text"
+        fmt = body.get("format")
+        fmt = "text" if fmt is None or fmt == "" else fmt
         if fmt not in ("text", "html"):
             raise _error(400, f"{fmt} format is not supported; use text or html")
         alternatives = _alternatives(body.get("alternatives"), form, service.limits.max_beam)
@@ -287,7 +294,9 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
             )
         # Every line of a text (format text) or text node (html) is one sentence.
         docs = [Document(t) if fmt == "html" else None for t in texts]
-        segments = [d.segments if d is not None else t.split("\n") for d, t in zip(docs, texts)]
+        segments = [
+            d.segments if d is not None else t.split("\n") for d, t in zip(docs, texts, strict=True)
+        ]
         flat = [s.strip() for parts in segments for s in parts]
         limits = service.limits
         if len(flat) > limits.max_sentences:
@@ -427,6 +436,9 @@ def _our_route(
     for key, value in values.items():
         if value is not None and not isinstance(value, str):
             raise _error(422, f"{key!r} must be a string (a model id or a language code)")
+    for ours, theirs in (("src_lang", "source"), ("tgt_lang", "target")):
+        if None not in (values[ours], values[theirs]) and values[ours] != values[theirs]:
+            raise _error(422, f"{ours!r} and {theirs!r} differ; send one of them")
     src = values["src_lang"] if values["src_lang"] is not None else values["source"]
     tgt = values["tgt_lang"] if values["tgt_lang"] is not None else values["target"]
     try:
@@ -436,7 +448,7 @@ def _our_route(
 
 
 def _alternatives(value: Any, form: bool, max_beam: int) -> int:
-    if value is None or value == "":
+    if value is None or form and value == "":
         return 0
     if form and isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -503,6 +515,7 @@ async def _read_body(request: Request, max_body: int) -> tuple[dict[str, Any], b
         return _parse_json(data), False
     pairs: list[tuple[str, Any]]
     if kind == "multipart/form-data":
+
         async def replay() -> dict[str, Any]:
             return {"type": "http.request", "body": data, "more_body": False}
 
@@ -580,11 +593,11 @@ def _check_output_budget(
 ) -> None:
     if not sentences:
         return
-    budget = int(cfg.max_len_a * model.count_tokens(sentences) + cfg.max_len_b)
-    if budget > limit:
+    allowed = cfg.max_len_a * model.count_tokens(sentences) + cfg.max_len_b  # may overflow
+    if not allowed <= limit:  # to inf: compare before int()
         raise _error(
             422,
-            f"options 'max_len_a'/'max_len_b' allow {budget} output tokens, the limit is "
+            f"options 'max_len_a'/'max_len_b' allow {allowed:.0f} output tokens, the limit is "
             f"{limit} (serve.py --max-output-tokens); lower them",
         )
 

@@ -254,8 +254,7 @@ def run(args: argparse.Namespace) -> None:
             for m in served
         )
         print(
-            f"{PROG}: serving {names} on http://{host}:{port} ({mode}); "
-            "SIGTERM or Ctrl-C stops it",
+            f"{PROG}: serving {names} on http://{host}:{port} ({mode}); SIGTERM or Ctrl-C stops it",
             file=sys.stderr,
             flush=True,
         )
@@ -326,7 +325,7 @@ def serve_model(
             nbest = translator.translate_nbest(sentences, prefixes=prefixes, **pair(langs))
         metrics = metrics_of.get(model_id)
         if metrics is not None:
-            src_tokens = sum(len(ids) - 1 for ids in tokenizer.encode_src(sentences))  # no EOS
+            src_tokens = sum(len(ids) for ids in tokenizer.encode_src(sentences))  # no EOS
             tgt_tokens = sum(len(hyps[0].tokens) for hyps in nbest if hyps)
             took = time.perf_counter() - began
             metrics.batch(model_id, len(sentences), src_tokens, tgt_tokens, took)

@@ -25,6 +25,7 @@ from prometheus_client.exposition import generate_latest
 
 PREFIX = "attnmt"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -115,17 +116,27 @@ class Middleware:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        route = path if path in self.routes else "/static" if path.startswith("/static/") else "other"
+        route = (
+            path if path in self.routes else "/static" if path.startswith("/static/") else "other"
+        )
         began = time.perf_counter()
-        status = {"code": 500}
+        method = scope.get("method", "")
+        method = method if method in METHODS else "other"
+        counted = False
+
+        def count(status: int) -> None:  # once, when the response starts (before the client
+            nonlocal counted  # can read it, so that a scrape after an answer includes it)
+            if not counted:
+                counted = True
+                self.metrics.latency.labels(route).observe(time.perf_counter() - began)
+                self.metrics.requests.labels(route, method, str(status)).inc()
 
         async def sending(message) -> None:
             if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-                self.metrics.latency.labels(route).observe(time.perf_counter() - began)
+                count(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
-            self.metrics.requests.labels(route, scope.get("method", ""), str(status["code"])).inc()
+            count(500)  # no response started: the server failed it

@@ -35,6 +35,10 @@ def option_schemas(defaults: Any, max_beam: int) -> dict[str, dict[str, Any]]:
             schema["minimum"] = minimum
         if name == "beam_size":
             schema["maximum"] = max_beam
+        if name in ("topp", "temperature"):  # SearchConfig's own checks: (0, 1] and > 0
+            schema.update(minimum=0, exclusiveMinimum=True)
+            if name == "topp":
+                schema["maximum"] = 1
         help_text = meta[name].get("help")
         if help_text:
             schema["description"] = help_text
@@ -49,7 +53,9 @@ def _schema(kind: Any) -> dict[str, Any]:
         return {"type": "string", "enum": list(get_args(kind))}
     if origin in (Union, types.UnionType):
         members = [m for m in get_args(kind) if m is not type(None)]
-        schema = _schema(members[0]) if len(members) == 1 else {"anyOf": [_schema(m) for m in members]}
+        schema = (
+            _schema(members[0]) if len(members) == 1 else {"anyOf": [_schema(m) for m in members]}
+        )
         return {**schema, "nullable": True}
     if kind is bool:
         return {"type": "boolean"}
@@ -64,26 +70,57 @@ def openapi_document(service: Service) -> dict[str, Any]:
     limits = service.limits
     options = option_schemas(service.defaults, limits.max_beam)
     text = {"type": "string", "maxLength": limits.max_chars}
-    code = {"type": "string", "description": "a language code of a served model"}
+    models = service.models
+    sources = sorted({c for m in models for c in m.sources})
+    targets = sorted({c for m in models for c in m.targets})
+
+    # A routing key that is null counts as not given.
+    def codes(values: list[str], what: str) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "string", "nullable": True, "description": what}
+        return {**schema, "enum": [*values, None]} if values else schema
+
     routing = {
-        "model": {"type": "string", "description": "a model id (GET /models)"},
-        "src_lang": code,
-        "tgt_lang": code,
-        "source": {**code, "description": "same as src_lang"},
-        "target": {**code, "description": "same as tgt_lang"},
+        "model": codes([m.id for m in models], "a model id (GET /models)"),
+        "src_lang": codes(sources, "a source language of a served model"),
+        "tgt_lang": codes(targets, "a target language of a served model"),
+        "source": codes(sources, "same as src_lang (one of the two)"),
+        "target": codes(targets, "same as tgt_lang (one of the two)"),
         "api_key": {"type": "string", "description": "needed when the server has --api-keys"},
     }
+    # The pairs served: a request's languages (and model id) must be those of one model.
+    our_pairs = [
+        {
+            "properties": {
+                "model": {"enum": [m.id, None]},
+                **{k: {"enum": [*m.sources, None]} for k in ("src_lang", "source") if m.sources},
+                **{k: {"enum": [*m.targets, None]} for k in ("tgt_lang", "target") if m.targets},
+            }
+        }
+        for m in models
+    ]
+    lt_pairs = [
+        {
+            "properties": {
+                "source": {"enum": m.sources + (["auto"] if len(m.sources) == 1 else [])},
+                "target": {"enum": m.targets},
+            }
+        }
+        for m in models
+        if m.sources and m.targets
+    ]
     ours = {
         "type": "object",
         "title": "attnmt request",
         "required": ["sentences"],
         "additionalProperties": False,
+        "anyOf": our_pairs,
         "properties": {
             "sentences": {"type": "array", "items": text, "maxItems": limits.max_sentences},
             "prefixes": {
                 "type": "array",
                 "items": text,
                 "maxItems": limits.max_sentences,
+                "nullable": True,
                 "description": "a forced target prefix per sentence ('' for none)",
             },
             **routing,
@@ -93,14 +130,25 @@ def openapi_document(service: Service) -> dict[str, Any]:
     lt_fields = {
         "source": {"type": "string", "minLength": 1, "description": "source language or auto"},
         "target": {"type": "string", "minLength": 1},
-        "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
-        "alternatives": {"type": "integer", "minimum": 0, "maximum": limits.max_beam - 1},
+        "format": {
+            "type": "string",
+            "enum": ["text", "html", "", None],
+            "nullable": True,
+            "default": "text",
+        },
+        "alternatives": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": limits.max_beam - 1,
+            "nullable": True,
+        },
         "api_key": {"type": "string"},
     }
     libretranslate = {
         "type": "object",
         "title": "LibreTranslate request",
         "required": ["q", "source", "target"],
+        "anyOf": lt_pairs,
         "properties": {
             "q": {
                 "oneOf": [
@@ -115,6 +163,7 @@ def openapi_document(service: Service) -> dict[str, Any]:
     lt_form = {
         "type": "object",
         "required": ["q", "source", "target"],
+        "anyOf": lt_pairs,
         "properties": {"q": {"type": "string", "minLength": 1}, **lt_fields},
     }
     strings = {"type": "array", "items": {"type": "string"}}
@@ -149,16 +198,17 @@ def openapi_document(service: Service) -> dict[str, Any]:
         "type": "object",
         "required": ["translatedText"],
         "properties": {
-            "translatedText": {"oneOf": [{"type": "string"}, strings]},
-            "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
-            "detectedLanguage": {"oneOf": [detected, {"type": "array", "items": detected}]},
+            "translatedText": {"anyOf": [{"type": "string"}, strings]},
+            "alternatives": {"anyOf": [strings, {"type": "array", "items": strings}]},
+            "detectedLanguage": {"anyOf": [detected, {"type": "array", "items": detected}]},
         },
     }
     attention_request = {
         "type": "object",
         "required": ["sentence"],
         "additionalProperties": False,
-        "properties": {"sentence": text, **routing, **options},
+        "anyOf": our_pairs,
+        "properties": {"sentence": {**text, "pattern": "\\S"}, **routing, **options},
     }
     attention_answer = {
         "type": "object",
@@ -245,19 +295,31 @@ def openapi_document(service: Service) -> dict[str, Any]:
                     },
                 }
             },
-            "/languages": get("LibreTranslate's language list", {"type": "array", "items": language}),
+            "/languages": get(
+                "LibreTranslate's language list", {"type": "array", "items": language}
+            ),
             "/models": get(
                 "The served models",
-                {"type": "object", "required": ["models"],
-                 "properties": {"models": {"type": "array", "items": model}}},
+                {
+                    "type": "object",
+                    "required": ["models"],
+                    "properties": {"models": {"type": "array", "items": model}},
+                },
             ),  # fmt: skip
             "/info": get("The default model's facts, the options and limits", {"type": "object"}),
             "/health": get(
                 "Liveness and counters",
-                {"type": "object", "required": ["status"],
-                 "properties": {"status": {"type": "string"}, "in_flight": {"type": "integer"},
-                                "queued": {"type": "integer"}, "answered": {"type": "integer"},
-                                "batches": {"type": "integer"}}},
+                {
+                    "type": "object",
+                    "required": ["status"],
+                    "properties": {
+                        "status": {"type": "string"},
+                        "in_flight": {"type": "integer"},
+                        "queued": {"type": "integer"},
+                        "answered": {"type": "integer"},
+                        "batches": {"type": "integer"},
+                    },
+                },
             ),  # fmt: skip
             "/metrics": {
                 "get": {
