@@ -446,3 +446,29 @@ def test_html_documents_keep_their_markup_and_translate_text_nodes() -> None:
     assert Document("").segments == [] and Document("<br>  \n").render([]) == "<br>  \n"
     with pytest.raises(ValueError):
         doc.render([])
+
+
+# ---------------------------------------------------------------- the soak, short
+
+
+@pytest.mark.slow
+def test_a_short_soak_loses_no_answer_and_ends_with_exit_0(
+    runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """benchmarks/load_server.py --soak on both models for 20 s at 8 clients: both APIs,
+    greedy/beam/sampling, html, bad requests, disconnects; SIGTERM; exit 0."""
+    sentences = tmp_path / "src.txt"
+    sentences.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    out = tmp_path / "soak.json"
+    cmd = [sys.executable, "-m", "benchmarks.load_server", "-c", str(runs["de-en"]), "-c"]
+    cmd += [str(runs["en-de"]), "--input", str(sentences), "--soak", "20", "--clients", "8"]
+    cmd += ["--warmup", "5", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    figures = json.loads(out.read_text())
+    assert (figures["lost"], figures["wrong"], figures["fivexx"], figures["exit_status"]) == (
+        0, 0, 0, 0
+    )  # fmt: skip
+    kinds = set(figures["routes"])
+    assert {"ours greedy", "ours beam", "LT json", "LT html", "bad request"} <= kinds, kinds
+    assert "lost answers: 0" in done.stdout
