@@ -5,9 +5,9 @@ Handlers `submit` jobs from the event loop; the model thread takes the oldest jo
 `max_sentences` sentences), and runs them as one call. Invariants:
 
 - one model call at a time: only the model thread calls `translate` / `attention`;
-- a job is never split across batches, and a batch holds jobs of one `SearchConfig` only
-  (jobs with other options wait, in arrival order, for a later batch); a job that samples
-  has a batch of its own (`runs_alone`);
+- a job is never split across batches, and a batch holds jobs of one `SearchConfig` and one
+  language pair only (jobs with other options or another pair wait, in arrival order, for a
+  later batch); a job that samples has a batch of its own (`runs_alone`);
 - every submitted job gets its result or its exception exactly once, also when the server
   shuts down (`close` lets the thread finish every queued job before it returns), unless its
   future was cancelled while it waited: then it is dropped without a model call;
@@ -32,10 +32,12 @@ from decoding.config import SearchConfig
 
 logger = logging.getLogger(__name__)
 
-# translate(cfg, sentences, prefixes) -> one result per sentence, in order (prefixes: one
-# target prefix per sentence, "" for none); attention(cfg, sentence)
-Translate = Callable[[SearchConfig, list[str], list[str]], list[Any]]
-Attention = Callable[[SearchConfig, str], Any]
+# The (source, target) languages a multilingual model is asked for; (None, None) otherwise.
+Langs = tuple[str | None, str | None]
+# translate(cfg, sentences, prefixes, langs) -> one result per sentence, in order (prefixes:
+# one target prefix per sentence, "" for none); attention(cfg, sentence, langs)
+Translate = Callable[[SearchConfig, list[str], list[str], Langs], list[Any]]
+Attention = Callable[[SearchConfig, str, Langs], Any]
 
 
 def runs_alone(cfg: SearchConfig) -> bool:
@@ -60,6 +62,7 @@ class Job:
     sentences: list[str]  # translate: the request's sentences; attention: exactly one
     attention: bool = False
     prefixes: list[str] | None = None  # a forced target prefix per sentence (translate only)
+    langs: Langs = (None, None)  # the pair a multilingual model is asked for
     future: Future = field(default_factory=Future)
 
 
@@ -141,21 +144,21 @@ class Batcher:
             size = len(first.sentences)
             deadline = time.monotonic() + self.wait
             while size < self.max_sentences:
-                size += self._take_joining(first.cfg, batch, size)
+                size += self._take_joining(first, batch, size)
                 left = deadline - time.monotonic()
                 if size >= self.max_sentences or left <= 0 or self._closing:
                     break
                 self._cond.wait(left)
             return batch
 
-    def _take_joining(self, cfg: SearchConfig, batch: list[Job], size: int) -> int:
-        """Move the queued jobs that fit (same options, room left) into `batch`, keeping the
-        others in order; the sentences added."""
+    def _take_joining(self, first: Job, batch: list[Job], size: int) -> int:
+        """Move the queued jobs that fit (the options and pair of `first`, room left) into
+        `batch`, keeping the others in order; the sentences added."""
         added, keep = 0, deque()
         while self._pending:
             job = self._pending.popleft()
             fits = size + added + len(job.sentences) <= self.max_sentences
-            if not job.attention and job.cfg == cfg and fits:
+            if not job.attention and job.cfg == first.cfg and job.langs == first.langs and fits:
                 batch.append(job)
                 added += len(job.sentences)
             else:
@@ -172,11 +175,12 @@ class Batcher:
         self.batches += 1
         try:
             if batch[0].attention:
-                results = [self._attention(batch[0].cfg, batch[0].sentences[0])]
+                job = batch[0]
+                results = [self._attention(job.cfg, job.sentences[0], job.langs)]
             else:
                 sentences = [s for job in batch for s in job.sentences]
                 prefixes = [p for job in batch for p in job.prefixes or [""] * len(job.sentences)]
-                flat = self._translate(batch[0].cfg, sentences, prefixes)
+                flat = self._translate(batch[0].cfg, sentences, prefixes, batch[0].langs)
                 results, start = [], 0
                 for job in batch:
                     results.append(flat[start : start + len(job.sentences)])

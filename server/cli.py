@@ -1,10 +1,13 @@
 """The `serve.py` command line: its flags, loading the model once, and running the server.
 
-The search flags (`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in
-translate.py, and set the server's default options, which each request may override
-(`server.options`); `--batch-size` bounds the sentences of one dynamic batch. Flags, the
-checkpoint and the port are checked before the model loads; every user mistake raises
-`UserError` (one line, exit 1) or exits 2 for a bad flag.
+`-c` may be given several times (`-c RUN_A -c ID=RUN_B`): each model gets its own batching
+queue and model thread and is routed to by its languages (`server.languages`) or its id (the
+run dir's name unless `ID=` names it); the first is the default model. The search flags
+(`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in translate.py, and set the
+server's default options, which each request may override (`server.options`); `--batch-size`
+bounds the sentences of one dynamic batch. Flags, the checkpoints, the key file and the port
+are checked before the models load; every user mistake raises `UserError` (one line, exit 1)
+or exits 2 for a bad flag.
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-c",
         "--checkpoint",
         required=True,
-        help="run dir (checkpoints/best.pt, else last.pt) or .pt file",
+        action="append",
+        metavar="[ID=]CHECKPOINT",
+        help="run dir (checkpoints/best.pt, else last.pt) or .pt file; repeat it to serve "
+        "several models, routed by language pair or by ID (default: the run dir's name)",
     )
     add("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     add("--port", type=_at_least(0), default=8000, help="port; 0 = any free one (default: 8000)")
@@ -111,6 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         "request may ask for (default: 1024)",
     )
     add(
+        "--api-keys",
+        metavar="FILE",
+        help="require an API key: FILE has one key per line, optionally followed by its cap "
+        "in requests per minute (default: none needed)",
+    )
+    add(
+        "--key-rate",
+        type=_at_least(0.001, float),
+        default=60.0,
+        metavar="N",
+        help="requests per minute of a key whose line names no cap (default: 60)",
+    )
+    add(
         "--shutdown-timeout",
         type=_at_least(1, float),
         default=120.0,
@@ -142,21 +161,50 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def model_specs(values: list[str]) -> list[tuple[str, str]]:
+    """(id, checkpoint path) of each `-c`: `ID=PATH`, or PATH with the run dir's name as id
+    (a .pt file's run dir when it sits in `checkpoints/`, else its stem); repeated ids get
+    `-2`, `-3`, ..."""
+    specs: list[tuple[str, str]] = []
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if sep and name and "/" not in name and not Path(value).exists():
+            model_id, path = name, rest
+            if any(model_id == known for known, _ in specs):
+                raise UserError(f"-c {value}: the id {model_id!r} is taken; give another ID=")
+        else:
+            path = value
+            file = Path(value)
+            if file.is_dir():
+                base = file.resolve().name
+            elif file.parent.name == "checkpoints":
+                base = file.resolve().parent.parent.name
+            else:
+                base = file.stem
+            model_id, n = base or "model", 1
+            while any(model_id == known for known, _ in specs):
+                n += 1
+                model_id = f"{base}-{n}"
+        specs.append((model_id, path))
+    return specs
+
+
 def model_info(path: str) -> dict[str, Any]:
     """What `GET /info` reports: languages, sizes, vocabulary, step, and the run's BLEU from
-    its results.json when there is one."""
+    its results.json when there is one; `languages` holds (sources, targets) for routing."""
     from checkpoint import load_checkpoint, resolve_checkpoint
+    from server.languages import model_languages
 
     file = resolve_checkpoint(path)
     ckpt = load_checkpoint(file)  # read again by load_engine: once, at startup
-    config = ckpt.get("config") or {}
-    data = config.get("data") or {}
+    sources, targets = model_languages(ckpt)
     model_cfg = ckpt["model_config"]
     info: dict[str, Any] = {
         "checkpoint": str(file),
         "step": (ckpt.get("train_state") or {}).get("step"),
-        "source_language": data.get("src_lang"),
-        "target_language": data.get("tgt_lang"),
+        "source_language": sources[0] if len(sources) == 1 else None,
+        "target_language": targets[0] if len(targets) == 1 else None,
+        "languages": (sources, targets),
         "model": model_cfg,
     }
     run_dir = Path(path) if Path(path).is_dir() else file.parent.parent
@@ -184,34 +232,110 @@ def run(args: argparse.Namespace) -> None:
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
 
-    import torch
     import uvicorn
+
+    from server.app import Limits, ServedModel, Service, create_app
+    from server.keys import KeyRing
+
+    keys = KeyRing.from_file(args.api_keys, args.key_rate) if args.api_keys else None
+    served: list[ServedModel] = []
+    metrics_of: dict[str, Any] = {}  # model id -> the app's Metrics, once it exists
+    for model_id, path in model_specs(args.checkpoint):
+        served.append(serve_model(args, model_id, path, defaults, metrics_of))
+    limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
+    service = Service(served, defaults, limits, keys)
+    mode = "batching off" if args.no_batching else f"batches up to {defaults.batch_size} sentences"
+    if keys is not None:
+        mode += f"; {len(keys)} API keys"
+
+    def ready() -> None:
+        names = ", ".join(
+            f"{m.id}={m.info['checkpoint']}" if len(served) > 1 else m.info["checkpoint"]
+            for m in served
+        )
+        print(
+            f"{PROG}: serving {names} on http://{host}:{port} ({mode}); SIGTERM or Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    app = create_app(service, on_startup=ready)
+    for model in served:
+        metrics_of[model.id] = service.metrics
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has shut down, with the handler
+    # that was installed before it started: this one, so that a graceful stop exits 0. (A
+    # signal before uvicorn installs its own handlers makes it stop as soon as it starts.)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
+    server.run(sockets=[sock])
+    if not server.started:
+        raise UserError("the server did not start (see the messages above)")
+    if service.cancelled:
+        print(
+            f"{PROG}: stopped; {service.cancelled} request(s) still unanswered after "
+            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
+
+
+def serve_model(
+    args: argparse.Namespace,
+    model_id: str,
+    path: str,
+    defaults: Any,
+    metrics_of: dict[str, Any],
+) -> Any:
+    """One model loaded, with its batcher (model thread); the pair a request names reaches
+    the translator in `translate`/`attention` below, and only for a multilingual model."""
+    import time
+
+    import torch
 
     from common import runtime
     from decoding.translator import Translator
-    from server.app import Limits, Service, create_app
+    from server.app import ServedModel
     from server.batcher import Batcher
+    from server.languages import is_multilingual
 
-    model, tokenizer, device = load_model(args, [args.checkpoint])
-    info = model_info(args.checkpoint)
+    model, tokenizer, device = load_model(args, [path])
+    info = model_info(path)
+    sources, targets = info.pop("languages")
+    multilingual = is_multilingual(sources, targets)
     vocab = {"source": tokenizer.src_vocab_size, "target": tokenizer.tgt_vocab_size}
     info["parameters"] = sum(p.numel() for p in model.parameters())  # tied weights once
     info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
     info.update(precision=args.precision, quantize=args.quantize)
 
+    def pair(langs: tuple[str | None, str | None]) -> dict[str, Any]:
+        """The translator's language keywords: the pair for a multilingual model only."""
+        return {"src_lang": langs[0], "tgt_lang": langs[1]} if multilingual else {}
+
     def translate(
-        cfg: Any, sentences: list[str], prefixes: list[str]
+        cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple
     ) -> list[list[tuple[str, float]]]:
+        began = time.perf_counter()
         translator = Translator(model, tokenizer, cfg, device)
         with runtime.autocast(device, args.precision):  # thread-local: entered on this thread
-            nbest = translator.translate_nbest(sentences, prefixes=prefixes)
+            nbest = translator.translate_nbest(sentences, prefixes=prefixes, **pair(langs))
+        metrics = metrics_of.get(model_id)
+        if metrics is not None:
+            src_tokens = sum(len(ids) for ids in tokenizer.encode_src(sentences))  # no EOS
+            tgt_tokens = sum(len(hyps[0].tokens) for hyps in nbest if hyps)
+            took = time.perf_counter() - began
+            metrics.batch(model_id, len(sentences), src_tokens, tgt_tokens, took)
         return [[(h.text, h.score) for h in hyps] for hyps in nbest]
 
-    def attention(cfg: Any, sentence: str) -> dict[str, Any]:
+    def attention(cfg: Any, sentence: str, langs: tuple) -> dict[str, Any]:
         translator = Translator(model, tokenizer, cfg, device)
         with torch.no_grad(), runtime.autocast(device, args.precision):
-            found = translator.attention_for(sentence)
-            text = translator.translate([sentence])[0]
+            found = translator.attention_for(sentence, **pair(langs))
+            text = translator.translate([sentence], **pair(langs))[0]
         weights = found.cross_attn  # (L, H, T, S)
         return {
             "translation": text,
@@ -233,39 +357,7 @@ def run(args: argparse.Namespace) -> None:
         max_queue=args.max_queue,
         one_request=args.no_batching,
     )
-    limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
-    service = Service(batcher, defaults, limits, count_tokens, info)
-    mode = "batching off" if args.no_batching else f"batches up to {defaults.batch_size} sentences"
-
-    def ready() -> None:
-        print(
-            f"{PROG}: serving {info['checkpoint']} on http://{host}:{port} ({mode}); "
-            "SIGTERM or Ctrl-C stops it",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    app = create_app(service, on_startup=ready)
-    config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    # uvicorn re-raises the signal that stopped it once it has shut down, with the handler
-    # that was installed before it started: this one, so that a graceful stop exits 0. (A
-    # signal before uvicorn installs its own handlers makes it stop as soon as it starts.)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
-    server.run(sockets=[sock])
-    if not server.started:
-        raise UserError("the server did not start (see the messages above)")
-    if service.cancelled:
-        print(
-            f"{PROG}: stopped; {service.cancelled} request(s) still unanswered after "
-            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped",
-            file=sys.stderr,
-        )
-    else:
-        print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
+    return ServedModel(model_id, sources, targets, batcher, count_tokens, info)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,9 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 from common.errors import UserError
 from decoding.config import SearchConfig
 
+# Integers an option may be: 64-bit signed (a seed goes to torch).
+INT_RANGE = (-(2**63), 2**63 - 1)
+
 # Fields a request may not set: field -> why (the server's flag that sets it).
 SERVER_OWNED = {"batch_size": "the server batches requests itself (serve.py --batch-size)"}
 
@@ -81,7 +84,8 @@ def _convert(value: Any, kind: Any) -> tuple[bool, Any]:
     if kind is bool:
         return isinstance(value, bool), value
     if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        return integer and INT_RANGE[0] <= value <= INT_RANGE[1], value
     if kind is float:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         return number and math.isfinite(value), float(value) if number else value

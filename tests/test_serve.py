@@ -415,14 +415,16 @@ class ScriptedModel:
         self.calls: list[tuple[int, list[str]]] = []  # (beam_size, sentences) or (-1, [attn])
         self.started, self.release = threading.Event(), threading.Event()
 
-    def translate(self, cfg: SearchConfig, sentences: list[str], prefixes: list[str]) -> list[str]:
-        assert len(prefixes) == len(sentences)
+    def translate(
+        self, cfg: SearchConfig, sentences: list[str], prefixes: list[str], langs: tuple
+    ) -> list[str]:
+        assert len(prefixes) == len(sentences) and len(langs) == 2
         self._record(cfg.beam_size, sentences)
         if "boom" in sentences:
             raise RuntimeError("boom")
         return [s.upper() for s in sentences]
 
-    def attention(self, cfg: SearchConfig, sentence: str) -> str:
+    def attention(self, cfg: SearchConfig, sentence: str, langs: tuple) -> str:
         self._record(-1, [sentence])
         return f"attention of {sentence}"
 

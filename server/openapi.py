@@ -1,0 +1,348 @@
+"""The OpenAPI 3.0 document of the server (`GET /openapi.json`), built from what it serves:
+the request options are `SearchConfig`'s fields (types and lower bounds from the field
+definitions, `beam_size` bounded by `--max-beam`), the sizes come from the server's limits,
+and every error is the one `{"error": ...}` object. Checked against the running server by
+Schemathesis (tests/test_serve_api.py). Torch-free.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from server.options import INT_RANGE, option_names
+
+if TYPE_CHECKING:
+    from server.app import Service
+
+ERROR = {
+    "type": "object",
+    "properties": {"error": {"type": "string", "description": "the problem and its fix"}},
+    "required": ["error"],
+}
+
+
+def option_schemas(defaults: Any, max_beam: int) -> dict[str, dict[str, Any]]:
+    """One JSON schema per request option (the fields of `type(defaults)`)."""
+    hints = get_type_hints(type(defaults))
+    meta = {f.name: f.metadata for f in fields(type(defaults))}
+    schemas = {}
+    for name in option_names(type(defaults)):
+        schema = _schema(hints[name])
+        minimum = meta[name].get("min")
+        if minimum is not None:
+            schema["minimum"] = minimum
+        if name == "beam_size":
+            schema["maximum"] = max_beam
+        if name in ("topp", "temperature"):  # SearchConfig's own checks: (0, 1] and > 0
+            schema.update(minimum=0, exclusiveMinimum=True)
+            if name == "topp":
+                schema["maximum"] = 1
+        help_text = meta[name].get("help")
+        if help_text:
+            schema["description"] = help_text
+        schema["default"] = getattr(defaults, name)
+        schemas[name] = schema
+    return schemas
+
+
+def _schema(kind: Any) -> dict[str, Any]:
+    origin = get_origin(kind)
+    if origin is Literal:
+        return {"type": "string", "enum": list(get_args(kind))}
+    if origin in (Union, types.UnionType):
+        members = [m for m in get_args(kind) if m is not type(None)]
+        schema = (
+            _schema(members[0]) if len(members) == 1 else {"anyOf": [_schema(m) for m in members]}
+        )
+        return {**schema, "nullable": True}
+    if kind is bool:
+        return {"type": "boolean"}
+    if kind is int:
+        return {"type": "integer", "minimum": INT_RANGE[0], "maximum": INT_RANGE[1]}
+    if kind is float:
+        return {"type": "number"}
+    return {"type": "string"}
+
+
+def openapi_document(service: Service) -> dict[str, Any]:
+    limits = service.limits
+    options = option_schemas(service.defaults, limits.max_beam)
+    text = {"type": "string", "maxLength": limits.max_chars}
+    models = service.models
+    sources = sorted({c for m in models for c in m.sources})
+    targets = sorted({c for m in models for c in m.targets})
+
+    # A routing key that is null counts as not given.
+    def codes(values: list[str], what: str) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "string", "nullable": True, "description": what}
+        return {**schema, "enum": [*values, None]} if values else schema
+
+    routing = {
+        "model": codes([m.id for m in models], "a model id (GET /models)"),
+        "src_lang": codes(sources, "a source language of a served model"),
+        "tgt_lang": codes(targets, "a target language of a served model"),
+        "source": codes(sources, "same as src_lang (one of the two)"),
+        "target": codes(targets, "same as tgt_lang (one of the two)"),
+        "api_key": {"type": "string", "description": "needed when the server has --api-keys"},
+    }
+    # The pairs served: a request's languages (and model id) must be those of one model.
+    our_pairs = [
+        {
+            "properties": {
+                "model": {"enum": [m.id, None]},
+                **{k: {"enum": [*m.sources, None]} for k in ("src_lang", "source") if m.sources},
+                **{k: {"enum": [*m.targets, None]} for k in ("tgt_lang", "target") if m.targets},
+            }
+        }
+        for m in models
+    ]
+    lt_pairs = [
+        {
+            "properties": {
+                "source": {"enum": m.sources + (["auto"] if len(m.sources) == 1 else [])},
+                "target": {"enum": m.targets},
+            }
+        }
+        for m in models
+        if m.sources and m.targets
+    ]
+    ours = {
+        "type": "object",
+        "title": "attnmt request",
+        "required": ["sentences"],
+        "additionalProperties": False,
+        "anyOf": our_pairs,
+        "properties": {
+            "sentences": {"type": "array", "items": text, "maxItems": limits.max_sentences},
+            "prefixes": {
+                "type": "array",
+                "items": text,
+                "maxItems": limits.max_sentences,
+                "nullable": True,
+                "description": "a forced target prefix per sentence ('' for none)",
+            },
+            **routing,
+            **options,
+        },
+    }
+    lt_fields = {
+        "source": {"type": "string", "minLength": 1, "description": "source language or auto"},
+        "target": {"type": "string", "minLength": 1},
+        "format": {
+            "type": "string",
+            "enum": ["text", "html", "", None],
+            "nullable": True,
+            "default": "text",
+        },
+        "alternatives": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": limits.max_beam - 1,
+            "nullable": True,
+        },
+        "api_key": {"type": "string"},
+    }
+    libretranslate = {
+        "type": "object",
+        "title": "LibreTranslate request",
+        "required": ["q", "source", "target"],
+        "anyOf": lt_pairs,
+        "properties": {
+            "q": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                ],
+                "description": "the text (its lines, or its text nodes for html, are sentences)",
+            },
+            **lt_fields,
+        },
+    }
+    lt_form = {
+        "type": "object",
+        "required": ["q", "source", "target"],
+        "anyOf": lt_pairs,
+        "properties": {"q": {"type": "string", "minLength": 1}, **lt_fields},
+    }
+    strings = {"type": "array", "items": {"type": "string"}}
+    ours_answer = {
+        "type": "object",
+        "required": ["translations", "scores", "options"],
+        "properties": {
+            "translations": strings,
+            "scores": {"type": "array", "items": {"type": "number"}},
+            "nbest": {
+                "type": "array",
+                "items": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "translation": {"type": "string"},
+                            "score": {"type": "number"},
+                        },
+                    },
+                },
+            },
+            "options": {"type": "object"},
+            "model": {"type": "string"},
+        },
+    }
+    detected = {
+        "type": "object",
+        "properties": {"confidence": {"type": "number"}, "language": {"type": "string"}},
+    }
+    lt_answer = {
+        "type": "object",
+        "required": ["translatedText"],
+        "properties": {
+            "translatedText": {"anyOf": [{"type": "string"}, strings]},
+            "alternatives": {"anyOf": [strings, {"type": "array", "items": strings}]},
+            "detectedLanguage": {"anyOf": [detected, {"type": "array", "items": detected}]},
+        },
+    }
+    attention_request = {
+        "type": "object",
+        "required": ["sentence"],
+        "additionalProperties": False,
+        "anyOf": our_pairs,
+        "properties": {"sentence": {**text, "pattern": "\\S"}, **routing, **options},
+    }
+    attention_answer = {
+        "type": "object",
+        "required": ["translation", "src_pieces", "tgt_pieces", "layers", "heads", "attention"],
+        "properties": {
+            "translation": {"type": "string"},
+            "src_pieces": strings,
+            "tgt_pieces": strings,
+            "layers": {"type": "integer"},
+            "heads": {"type": "integer"},
+            "attention": {"type": "array", "description": "(layers, heads, target, source)"},
+        },
+    }
+    language = {
+        "type": "object",
+        "required": ["code", "name", "targets"],
+        "properties": {"code": {"type": "string"}, "name": {"type": "string"}, "targets": strings},
+    }
+    model = {
+        "type": "object",
+        "required": ["id", "source_languages", "target_languages"],
+        "properties": {
+            "id": {"type": "string"},
+            "source_languages": strings,
+            "target_languages": strings,
+            "multilingual": {"type": "boolean"},
+        },
+    }
+
+    def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+    def errors(*codes: int) -> dict[str, Any]:
+        why = {
+            400: "a malformed body; LibreTranslate: any request it cannot take",
+            403: "a missing or unknown API key (with --api-keys)",
+            413: "over --max-sentences, --max-chars or the body size",
+            422: "an unknown or invalid option, model or language pair",
+            429: "a key over its rate, or --max-queue requests waiting",
+            500: "the model call failed (the server goes on)",
+            503: "the server is shutting down",
+        }
+        return {str(c): json_body(ERROR, why[c]) for c in codes}
+
+    def get(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"get": {"summary": summary, "responses": {"200": json_body(schema, "OK")}}}
+
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "attnmt serve.py",
+            "version": "1",
+            "description": "Translation with attnmt models: our API and LibreTranslate's on "
+            "POST /translate (see docs/serving.md).",
+        },
+        "paths": {
+            "/translate": {
+                "post": {
+                    "summary": "Translate: {sentences} (attnmt) or {q, source, target} "
+                    "(LibreTranslate, JSON or form)",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"oneOf": [ours, libretranslate]}},
+                            "application/x-www-form-urlencoded": {"schema": lt_form},
+                        },
+                    },
+                    "responses": {
+                        "200": json_body({"anyOf": [ours_answer, lt_answer]}, "translations"),
+                        **errors(400, 403, 413, 422, 429, 500, 503),
+                    },
+                }
+            },
+            "/attention": {
+                "post": {
+                    "summary": "A translation and its cross-attention",
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": attention_request}},
+                    },
+                    "responses": {
+                        "200": json_body(attention_answer, "the attention"),
+                        **errors(400, 403, 413, 422, 429, 500, 503),
+                    },
+                }
+            },
+            "/languages": get(
+                "LibreTranslate's language list", {"type": "array", "items": language}
+            ),
+            "/models": get(
+                "The served models",
+                {
+                    "type": "object",
+                    "required": ["models"],
+                    "properties": {"models": {"type": "array", "items": model}},
+                },
+            ),  # fmt: skip
+            "/info": get("The default model's facts, the options and limits", {"type": "object"}),
+            "/health": get(
+                "Liveness and counters",
+                {
+                    "type": "object",
+                    "required": ["status"],
+                    "properties": {
+                        "status": {"type": "string"},
+                        "in_flight": {"type": "integer"},
+                        "queued": {"type": "integer"},
+                        "answered": {"type": "integer"},
+                        "batches": {"type": "integer"},
+                    },
+                },
+            ),  # fmt: skip
+            "/metrics": {
+                "get": {
+                    "summary": "Prometheus metrics",
+                    "responses": {
+                        "200": {
+                            "description": "text format 0.0.4",
+                            "content": {"text/plain": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+            "/openapi.json": get("This document", {"type": "object"}),
+            "/": {
+                "get": {
+                    "summary": "The page",
+                    "responses": {
+                        "200": {
+                            "description": "HTML",
+                            "content": {"text/html": {"schema": {"type": "string"}}},
+                        }
+                    },
+                }
+            },
+        },
+    }
