@@ -312,30 +312,38 @@ def serve_model(
     info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
     info.update(precision=args.precision, quantize=args.quantize)
 
-    def pair(langs: tuple[str | None, str | None]) -> dict[str, Any]:
-        """The translator's language keywords: the pair for a multilingual model only."""
-        return {"src_lang": langs[0], "tgt_lang": langs[1]} if multilingual else {}
+    bound: dict[tuple, Any] = {}  # a multilingual model's tokenizer per pair, made once
+
+    def tokenizer_for(langs: tuple[str | None, str | None]) -> Any:
+        """The tokenizer of the requested pair for a multilingual model; the model's own for
+        any other."""
+        if not multilingual:
+            return tokenizer
+        if langs not in bound:
+            bound[langs] = tokenizer.for_languages(*langs)
+        return bound[langs]
 
     def translate(
         cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple
     ) -> list[list[tuple[str, float]]]:
         began = time.perf_counter()
-        translator = Translator(model, tokenizer, cfg, device)
+        paired = tokenizer_for(langs)
+        translator = Translator(model, paired, cfg, device)
         with runtime.autocast(device, args.precision):  # thread-local: entered on this thread
-            nbest = translator.translate_nbest(sentences, prefixes=prefixes, **pair(langs))
+            nbest = translator.translate_nbest(sentences, prefixes=prefixes)
         metrics = metrics_of.get(model_id)
         if metrics is not None:
-            src_tokens = sum(len(ids) for ids in tokenizer.encode_src(sentences))  # no EOS
+            src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS
             tgt_tokens = sum(len(hyps[0].tokens) for hyps in nbest if hyps)
             took = time.perf_counter() - began
             metrics.batch(model_id, len(sentences), src_tokens, tgt_tokens, took)
         return [[(h.text, h.score) for h in hyps] for hyps in nbest]
 
     def attention(cfg: Any, sentence: str, langs: tuple) -> dict[str, Any]:
-        translator = Translator(model, tokenizer, cfg, device)
+        translator = Translator(model, tokenizer_for(langs), cfg, device)
         with torch.no_grad(), runtime.autocast(device, args.precision):
-            found = translator.attention_for(sentence, **pair(langs))
-            text = translator.translate([sentence], **pair(langs))[0]
+            found = translator.attention_for(sentence)
+            text = translator.translate([sentence])[0]
         weights = found.cross_attn  # (L, H, T, S)
         return {
             "translation": text,

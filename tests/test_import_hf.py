@@ -738,3 +738,39 @@ def test_on_multi30k_tokenizer_ids_and_generate(name: str, tmp_path: Path) -> No
         )
         mine = [nbest[0].tokens[len(given) :] for nbest in found]
         assert mine == hf_generate_ids(fam, tokenizer, src_ids, cfg)
+
+
+@pytest.mark.parametrize("family", ["nllb-200"], indirect=True)
+def test_serve_py_routes_an_imported_multilingual_model_by_pair(family: Family) -> None:
+    """serve.py with an NLLB import answers every pair of its codes, in our API and
+    LibreTranslate's, with what the Translator gives for that pair (the scores of a forced
+    prefix show that the pair reached the model); `/languages` lists its codes; a code it
+    lacks is a 400 naming the pairs served."""
+    from tests.test_serve import post, request, serve
+
+    model, _ = ours(family)
+    _, tokenizer, _ = load_for_inference(family.run)
+    cfg = SearchConfig(beam_size=1)
+    prefixes = [DE[i].split()[0] for i in range(8)]
+    scores = []
+    with serve(family.run, "--beam", "1") as served:
+        for src_lang, tgt_lang in (("eng_Latn", "deu_Latn"), ("eng_Latn", "fra_Latn")):
+            translator = Translator(model, tokenizer, cfg)
+            want = translator.translate_nbest(EN[:8], None, prefixes, src_lang, tgt_lang)
+            body = {"sentences": EN[:8], "prefixes": prefixes, "src_lang": src_lang,
+                    "tgt_lang": tgt_lang}  # fmt: skip
+            status, answer = post(served.url, "/translate", body)
+            assert status == 200, answer
+            assert answer["translations"] == [nbest[0].text for nbest in want]
+            assert answer["scores"] == pytest.approx([nbest[0].score for nbest in want], abs=1e-4)
+            scores.append(answer["scores"])
+            plain = translator.translate(EN[:1], src_lang, tgt_lang)
+            body = {"q": EN[0], "source": src_lang, "target": tgt_lang}
+            status, answer = post(served.url, "/translate", body)
+            assert status == 200 and answer["translatedText"] == plain[0]
+        assert scores[0] != scores[1]  # the target language token differs
+        status, codes = request(served.url, "GET", "/languages")
+        assert status == 200 and {c["code"] for c in codes} >= {"eng_Latn", "deu_Latn"}
+        body = {"q": "A man.", "source": "eng_Latn", "target": "xxx_Latn"}
+        status, answer = post(served.url, "/translate", body)
+        assert status == 400 and "eng_Latn" in answer["error"]
