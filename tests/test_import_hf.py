@@ -774,3 +774,27 @@ def test_serve_py_routes_an_imported_multilingual_model_by_pair(family: Family) 
         body = {"q": "A man.", "source": "eng_Latn", "target": "xxx_Latn"}
         status, answer = post(served.url, "/translate", body)
         assert status == 400 and "eng_Latn" in answer["error"]
+
+
+def test_int8_and_ensembles_take_an_import(family: Family) -> None:
+    """What translate.py loads (`engine.load_engine`) takes an import unchanged: an ensemble of
+    the import with itself gives its ids, and int8 (the engine's own one-token step, with the
+    activation, output bias and position layout of the import) agrees with fp32 on most."""
+    from engine import load_engine
+
+    model, tokenizer = ours(family)
+    given = tokenizer.target_prefix()
+    src_ids = tokenizer.encode_src(EN[:24])
+    prefix = [given] * len(src_ids) if given else None
+    cfg = SearchConfig(beam_size=4, max_len_a=0.0, max_len_b=12)
+
+    def ids(engine: Any) -> list[list[int]]:
+        found = Translator(engine, tokenizer, cfg).search_ids(src_ids, None, prefix, len(given))
+        return [nbest[0].tokens for nbest in found]
+
+    alone = ids(model)
+    pair, _ = load_engine([str(family.run), str(family.run)])
+    assert ids(pair) == alone
+    int8, _ = load_engine([str(family.run)], quantize="int8")
+    same = sum(a == b for a, b in zip(ids(int8), alone, strict=True))
+    assert same >= len(alone) // 2, f"int8 agrees with fp32 on {same}/{len(alone)} only"
