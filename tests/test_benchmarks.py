@@ -71,8 +71,8 @@ def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
         assert r["peak_mem_mb"] is None or r["peak_mem_mb"] >= 0
     assert train["flops_per_step"] > 0 and train["src_tokens"] > 0 and train["tgt_tokens"] > 0
     assert [d["search"] for d in report["decode"]] == ["greedy", "beam5"]
-    ct2 = (
-        {"CTranslate2 fp32", "CTranslate2 int8"}
+    ct2 = (  # with ours int8 beside CTranslate2 int8
+        {"CTranslate2 fp32", "CTranslate2 int8", "ours int8"}
         if importlib.util.find_spec("ctranslate2")
         else set()
     )
@@ -298,8 +298,10 @@ def test_synthetic_decoding_with_ctranslate2_forced_lengths() -> None:
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     report = benchmark.run([*TINY_FLAGS, "--no-train", "--peers", "ctranslate2", "--repeats", "2"])
     for d in report["decode"]:
-        assert set(d["results"]) == {"ours", "CTranslate2 fp32", "CTranslate2 int8"}
-        assert set(d["ratio_ranges"]) == {"ours/CTranslate2 fp32", "ours/CTranslate2 int8"}
+        assert set(d["results"]) == {"ours", "CTranslate2 fp32", "CTranslate2 int8", "ours int8"}
+        assert set(d["ratio_ranges"]) == {
+            "ours/CTranslate2 fp32", "ours/CTranslate2 int8", "ours int8/CTranslate2 int8"
+        }  # fmt: skip
         assert all(r["sentences_per_s"] > 0 for r in d["results"].values())
     assert report["decode"][0]["same_outputs_as_ctranslate2_fp32"] == 1.0  # greedy, same weights
 
