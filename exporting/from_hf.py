@@ -238,6 +238,12 @@ def _file(folder: Path, name: str) -> Path:
     return path
 
 
+def tokenizer_settings(folder: Path) -> dict[str, Any]:
+    """The folder's tokenizer_config.json ({} when it has none)."""
+    file = folder / "tokenizer_config.json"
+    return _json(file) if file.is_file() else {}
+
+
 def _id_list(vocab: dict[str, int], size: int, file: Path) -> list[str]:
     """id -> piece of a piece -> id mapping, padded with "" (ids no piece has) to `size`."""
     if max(vocab.values(), default=-1) >= size:
@@ -257,9 +263,7 @@ def marian_tokenizer(folder: Path, config: dict[str, Any], cfg: ModelConfig) -> 
     target = _file(folder, "target.spm").read_bytes()
     vocab_file = _file(folder, "vocab.json")
     src_vocab = _json(vocab_file)
-    separate = (folder / "tokenizer_config.json").is_file() and _json(
-        folder / "tokenizer_config.json"
-    ).get("separate_vocabs", False)
+    separate = tokenizer_settings(folder).get("separate_vocabs", False)
     tgt_vocab = _json(_file(folder, "target_vocab.json")) if separate else src_vocab
     src = _id_list(src_vocab, cfg.src_vocab_size, vocab_file)
     tgt = (
@@ -290,11 +294,7 @@ def nllb_tokenizer(folder: Path, config: dict[str, Any], cfg: ModelConfig) -> To
     """NLLB / M2M100 with an NllbTokenizer: sentencepiece.bpe.model, fairseq's ids."""
     model_file = _file(folder, "sentencepiece.bpe.model")
     spm_bytes = model_file.read_bytes()
-    settings = (
-        _json(folder / "tokenizer_config.json")
-        if (folder / "tokenizer_config.json").is_file()
-        else {}
-    )
+    settings = tokenizer_settings(folder)
     if settings.get("tokenizer_class") == "M2M100Tokenizer" or (
         (folder / "vocab.json").is_file() and not (folder / "tokenizer.json").is_file()
     ):
@@ -435,11 +435,7 @@ def _languages(folder: Path, tokenizer: Tokenizer, family: str) -> dict[str, lis
     tokenizer_config.json (`source_lang`, `target_lang`), its `>>xxx<<` codes as targets."""
     if family == "m2m_100":
         return {"source": tokenizer.languages, "target": tokenizer.languages}
-    settings = (
-        _json(folder / "tokenizer_config.json")
-        if (folder / "tokenizer_config.json").is_file()
-        else {}
-    )
+    settings = tokenizer_settings(folder)
     source = [settings["source_lang"]] if settings.get("source_lang") else []
     target = tokenizer.languages or (
         [settings["target_lang"]] if settings.get("target_lang") else []
