@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -85,10 +86,11 @@ def pad_rows(
     pad: int,
     prefix: Sequence[int] = (),
     suffix: Sequence[int] = (),
+    width: int = 0,
 ) -> Tensor:
     """``prefix + row + suffix`` for each row, right-padded with ``pad``: a (B, L) long tensor,
-    L the longest row + ``len(prefix) + len(suffix)``."""
-    width = max((len(row) for row in rows), default=0) + len(prefix) + len(suffix)
+    L the longest row + ``len(prefix) + len(suffix)``, or ``width`` if that is more."""
+    width = max(width, max((len(row) for row in rows), default=0) + len(prefix) + len(suffix))
     out = np.full((len(rows), width), pad, dtype=np.int64)
     for i, row in enumerate(rows):
         out[i, : len(prefix) + len(row) + len(suffix)] = [*prefix, *row, *suffix]
@@ -105,19 +107,21 @@ def collate(
     tgt_ids: list[list[int]],
     special: SpecialIds,
     indices: list[int] | None = None,
+    widths: tuple[int, int] = (0, 0),
 ) -> Batch:
     """Pad a list of (source, target) id lists (no specials) into a :class:`Batch`.
 
     Shape:
         src_ids: (B, S) with S = longest source + 1; tgt_in, tgt_out: (B, T), T = longest
-        target + 1.
+        target + 1; or `widths` (S, T) where they are more (a length bucket's).
     """
     if len(src_ids) != len(tgt_ids):
         raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
-    tgt_in = pad_rows(tgt_ids, special.pad, prefix=[special.bos])  # (B, T)
-    tgt_out = pad_rows(tgt_ids, special.pad, suffix=[special.eos])  # (B, T), tgt_in shifted left
+    S, T = widths
+    tgt_in = pad_rows(tgt_ids, special.pad, prefix=[special.bos], width=T)  # (B, T)
+    tgt_out = pad_rows(tgt_ids, special.pad, suffix=[special.eos], width=T)  # tgt_in shifted left
     return Batch(
-        src_ids=encode_source_batch(src_ids, special),  # (B, S)
+        src_ids=pad_rows(src_ids, special.pad, suffix=[special.eos], width=S),  # (B, S)
         tgt_in=tgt_in,
         tgt_out=tgt_out,
         n_src_tokens=sum(len(s) + 1 for s in src_ids),
@@ -147,7 +151,14 @@ class TokenBatchSampler:
 
     Each epoch: sort by (source length, target length) with random tie-breaking, pack greedily
     so that ``B * max(S, T) <= max_tokens`` (an example longer than the budget gets a batch of
-    its own), then, if the number of batches is not a multiple of ``world_size``, split the
+    its own). With ``bucket_growth`` (> 1), batches come in a few shapes instead, as a compiled
+    or CUDA-graphed step wants (fairseq's ``--num-batch-buckets``, NVIDIA's rows rounded to 8):
+    lengths are padded up a ladder (1-8 to 8, then each rung ``growth`` times the last: 8, 9,
+    10, 11, 13, 15, ... for 1.1), pairs are grouped by the rung of ``max(S, T)`` in random
+    order, and a rung of length L fills batches of ``max_tokens // L`` rows, rounded down to a
+    multiple of 8; the pairs left over join the next rung's batches (they fit: shorter), so
+    only the longest rung leaves a smaller batch. Each side of a batch is padded to the rung of
+    its longest sentence (:meth:`padded_length`). Then, if the number of batches is not a multiple of ``world_size``, split the
     batch with the largest padded size in two (length order is kept) until it is. Consecutive
     runs of ``world_size`` batches form one step: their shapes are similar, so no rank waits
     long for the others. Steps are shuffled with a generator seeded by ``(seed, epoch)``, and
@@ -167,6 +178,8 @@ class TokenBatchSampler:
             epoch then draws ``N * weight / sum(weights)`` pairs from a corpus (``N`` = all
             rows; a random subset, or every pair as often as fits plus a random subset), seeded
             by ``(seed, epoch)``, before packing. None: every pair once per epoch.
+        bucket_growth: > 1: the ratio between rungs of the length ladder (few batch shapes);
+            0: exact lengths, greedy packing (a shape per batch).
 
     Raises:
         DataError: Fewer pairs than needed to give every rank the same number of batches.
@@ -183,6 +196,7 @@ class TokenBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         mixture: Sequence[tuple[int, float]] | None = None,
+        bucket_growth: float = 0.0,
     ) -> None:
         self.src_sizes = _as_array(src_lengths) + 1  # + eos
         self.tgt_sizes = _as_array(tgt_lengths) + 1  # + bos (tgt_in) or eos
@@ -200,6 +214,10 @@ class TokenBatchSampler:
         if self.mixture is not None and sum(n for n, _ in self.mixture) != len(self.src_sizes):
             raise ValueError("the mixture's sizes must add up to the number of pairs")
         self._cached: tuple[int, list[np.ndarray]] | None = None
+        if bucket_growth and bucket_growth <= 1.0:
+            raise ValueError(f"bucket_growth={bucket_growth}: use a ratio > 1 (or 0: off)")
+        longest = int(max(self.src_sizes.max(initial=1), self.tgt_sizes.max(initial=1)))
+        self.ladder = length_ladder(bucket_growth, longest) if bucket_growth else None
         too_long = int((np.maximum(self.src_sizes, self.tgt_sizes) > max_tokens).sum())
         if too_long:
             log.warning(
@@ -225,27 +243,39 @@ class TokenBatchSampler:
 
         Returns:
             ``tokens`` (real tokens incl. eos), ``padded`` (slots in the padded tensors),
-            ``waste`` (1 - tokens / padded), ``batches`` (all ranks) and ``max_batch_cost``
-            (largest ``B * max(S, T)``).
+            ``waste`` (1 - tokens / padded), ``batches`` (all ranks), ``shapes`` (distinct
+            (B, S, T)) and ``max_batch_cost`` (largest ``B * max(S, T)``).
         """
         batches = self._epoch_batches()
         tokens = sum(int(self.src_sizes[b].sum() + self.tgt_sizes[b].sum()) for b in batches)
-        padded = sum(
-            len(b) * int(self.src_sizes[b].max() + self.tgt_sizes[b].max()) for b in batches
-        )
+        shapes = [self.shape(b) for b in batches]
+        padded = sum(B * (S + T) for B, S, T in shapes)
         return {
             "tokens": tokens,
             "padded": padded,
             "waste": 1.0 - tokens / padded if padded else 0.0,
             "batches": len(batches),
+            "shapes": len(set(shapes)),
             "max_batch_cost": max((self._cost(b) for b in batches), default=0),
         }
+
+    def padded_length(self, length: int) -> int:
+        """The width a side whose longest sentence has `length` tokens is padded to."""
+        if self.ladder is None:
+            return length
+        return int(self.ladder[np.searchsorted(self.ladder, length)])
+
+    def shape(self, batch: Sequence[int]) -> tuple[int, int, int]:
+        """(B, S, T) of the padded tensors of a batch of indices."""
+        src, tgt = self.src_sizes[batch], self.tgt_sizes[batch]
+        return len(batch), self.padded_length(int(src.max())), self.padded_length(int(tgt.max()))
 
     # --- internals ----------------------------------------------------------------------------
 
     def _cost(self, batch: np.ndarray) -> int:
         """Padded size that the budget limits: B * max(S, T)."""
-        return len(batch) * int(max(self.src_sizes[batch].max(), self.tgt_sizes[batch].max()))
+        _, S, T = self.shape(batch)
+        return len(batch) * max(S, T)
 
     def _epoch_batches(self) -> list[np.ndarray]:
         """All ranks' batches in step order: step k is ``batches[k * W:(k + 1) * W]``."""
@@ -258,11 +288,15 @@ class TokenBatchSampler:
             order = rng.permutation(pool) if self.shuffle else pool
         else:
             order = rng.permutation(n) if self.shuffle else np.arange(n)
-        # Stable sorts, least significant key first: source length, then target length,
-        # then the random (or corpus) order breaks ties, so buckets vary between epochs.
-        order = order[np.argsort(self.tgt_sizes[order], kind="stable")]
-        order = order[np.argsort(self.src_sizes[order], kind="stable")]
-        batches = self._split_until_divisible(self._pack(order))
+        if self.ladder is not None:
+            batches = self._pack_rungs(order)
+        else:
+            # Stable sorts, least significant key first: source length, then target length,
+            # then the random (or corpus) order breaks ties, so buckets vary between epochs.
+            order = order[np.argsort(self.tgt_sizes[order], kind="stable")]
+            order = order[np.argsort(self.src_sizes[order], kind="stable")]
+            batches = self._pack(order)
+        batches = self._split_until_divisible(batches)
         n_steps = len(batches) // self.world_size
         steps = rng.permutation(n_steps) if self.shuffle else np.arange(n_steps)
         W = self.world_size
@@ -298,6 +332,28 @@ class TokenBatchSampler:
             batches.append(order[start:])
         return batches
 
+    def _pack_rungs(self, order: np.ndarray) -> list[np.ndarray]:
+        """Batches of ``rows(L)`` pairs per rung L of the ladder, in `order` within a rung; the
+        pairs left over at a rung go first into the next rung's batches."""
+        assert self.ladder is not None
+        longest = np.maximum(self.src_sizes, self.tgt_sizes)[order]
+        rung = self.ladder[np.searchsorted(self.ladder, longest)]
+        by_rung = np.argsort(rung, kind="stable")
+        order, rung = order[by_rung], rung[by_rung]
+        starts = np.flatnonzero(np.r_[True, rung[1:] != rung[:-1]])
+        batches: list[np.ndarray] = []
+        carry = order[:0]
+        for start, end in zip(starts, [*starts[1:], len(order)], strict=True):
+            rows = max(1, self.max_tokens // int(rung[start]))
+            rows -= rows % 8 if rows >= 8 else 0  # tensor-core friendly B * L (NVIDIA, fairseq)
+            members = np.concatenate([carry, order[start:end]])
+            full = len(members) // rows * rows
+            batches += np.split(members[:full], full // rows) if full else []
+            carry = members[full:]
+        if len(carry):
+            batches.append(carry)
+        return batches
+
     def _split_until_divisible(self, batches: list[np.ndarray]) -> list[np.ndarray]:
         """Halve the costliest batches until every rank can get the same number.
 
@@ -318,6 +374,15 @@ class TokenBatchSampler:
             batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
             costs[i : i + 1] = [self._cost(batches[i]), self._cost(batches[i + 1])]
         return batches
+
+
+def length_ladder(growth: float, longest: int, first: int = 8) -> np.ndarray:
+    """Padded lengths ``first, ceil(first * growth), ...`` (each at least one more than the
+    last) up to the first rung >= `longest`."""
+    rungs = [first]
+    while rungs[-1] < longest:
+        rungs.append(max(rungs[-1] + 1, math.ceil(rungs[-1] * growth)))
+    return np.array(rungs, dtype=np.int64)
 
 
 class BatchIterator:
@@ -349,7 +414,8 @@ class BatchIterator:
         for i, indices in enumerate(self.sampler):
             if i >= start:
                 rows = self.ds[indices]
-                yield collate(rows["src_ids"], rows["tgt_ids"], self.special, indices)
+                _, S, T = self.sampler.shape(indices)
+                yield collate(rows["src_ids"], rows["tgt_ids"], self.special, indices, (S, T))
 
     def __len__(self) -> int:
         return len(self.sampler)

@@ -15,6 +15,7 @@ from data.batching import (
     TokenBatchSampler,
     collate,
     encode_source_batch,
+    length_ladder,
     pad_rows,
     token_lengths,
 )
@@ -211,3 +212,80 @@ def test_batch_iterator_reads_rows_per_batch_on_each_rank() -> None:
                 assert batch.tgt_out[row, : len(tgt_ids[index])].tolist() == tgt_ids[index]
             seen.extend(batch.indices)
     assert sorted(seen) == list(range(40))
+
+
+# --- length buckets (bucket_growth) -----------------------------------------------------------
+
+
+def test_length_ladder_grows_by_the_ratio_and_covers_the_longest() -> None:
+    assert length_ladder(1.1, 20).tolist() == [8, 9, 10, 11, 13, 15, 17, 19, 21]
+    assert length_ladder(1.5, 8).tolist() == [8]
+    assert length_ladder(2.0, 70).tolist() == [8, 16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_buckets_give_few_shapes_within_the_budget_and_every_pair_once(
+    lengths: tuple, world_size: int
+) -> None:
+    src, tgt = lengths
+    rows = {"src_ids": [[4] * n for n in src], "tgt_ids": [[5] * n for n in tgt]}
+    ds = datasets.Dataset.from_dict({**rows, "src_len": src, "tgt_len": tgt})
+    exact = TokenBatchSampler(src, tgt, 1024, seed=3).padding_stats()
+    seen, shapes = [], set()
+    for rank in range(world_size):
+        sampler = TokenBatchSampler(
+            src, tgt, 1024, seed=3, bucket_growth=1.1, rank=rank, world_size=world_size
+        )
+        ladder = set(sampler.ladder.tolist())
+        for batch in BatchIterator(ds, SPECIAL, sampler):
+            B, S, T = len(batch), batch.src_ids.size(1), batch.tgt_in.size(1)
+            shapes.add((B, S, T))
+            assert S in ladder and T in ladder  # each side padded to a rung
+            assert B * max(S, T) <= 1024 or B == 1  # the budget counts the padding
+            assert batch.n_tgt_tokens == int((batch.tgt_out != SPECIAL.pad).sum())
+            seen += batch.indices
+    assert sorted(seen) == list(range(len(src)))  # every pair once, over all ranks
+    bucketed = TokenBatchSampler(src, tgt, 1024, seed=3, bucket_growth=1.1).padding_stats()
+    assert bucketed["shapes"] == len(shapes) if world_size == 1 else True
+    # Before: about a shape per batch; after: a few per rung, for a little more padding.
+    assert exact["shapes"] > 2 * bucketed["shapes"]
+    assert bucketed["waste"] < exact["waste"] + 0.15
+
+
+def test_bucket_rows_are_a_multiple_of_8_but_for_one_tail_batch(lengths: tuple) -> None:
+    src, tgt = lengths
+    sampler = TokenBatchSampler(src, tgt, 2048, seed=0, bucket_growth=1.2)
+    sizes = [len(b) for b in sampler]
+    small = [n for n in sizes if n % 8 and n >= 8]
+    too_long = int((np.maximum(src, tgt) + 1 > 2048 // 8).sum())  # rows < 8 at these rungs
+    assert len(small) <= 1 + too_long, sizes
+
+
+def test_bucket_growth_must_be_above_one() -> None:
+    with pytest.raises(ValueError, match="bucket_growth"):
+        TokenBatchSampler([3], [3], 100, bucket_growth=0.9)
+
+
+def test_a_wider_padding_changes_no_loss_or_gradient(tmp_path) -> None:
+    """Padding a batch to a rung's widths is invisible to the model: the same loss and
+    gradients (dropout off), so buckets change shapes, not what is learned."""
+    from model.kernels import label_smoothed_cross_entropy
+    from tests.train_helpers import toy
+
+    run = toy(tmp_path, "model.dropout=0.0")
+    rows = run.data.train[list(range(6))]
+    special, model = run.data.tokenizer.special, run.trainee.model.train()
+    results = []
+    for widths in [(0, 0), (40, 33)]:
+        batch = collate(rows["src_ids"], rows["tgt_ids"], special, widths=widths)
+        model.zero_grad()
+        out = label_smoothed_cross_entropy(
+            model(batch.src_ids, batch.tgt_in), batch.tgt_out, special.pad, 0.1
+        )
+        out.loss.backward()
+        results.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert rows and max(map(len, rows["src_ids"])) + 1 < 40
+    (loss, grads), (wide_loss, wide_grads) = results
+    torch.testing.assert_close(wide_loss, loss, rtol=1e-5, atol=1e-5)
+    for grad, wide in zip(grads, wide_grads, strict=True):
+        torch.testing.assert_close(wide, grad, rtol=1e-4, atol=1e-6)

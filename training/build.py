@@ -259,13 +259,15 @@ def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> Bat
         rank=ctx.rank,
         world_size=ctx.world_size,
         mixture=data.mixture,
+        bucket_growth=trainer.bucket_growth,
     )
-    waste = sampler.padding_stats().get("waste", 0.0)
+    stats = sampler.padding_stats()
     log.info(
-        "train: %d pairs, %d batches/epoch/rank, padding waste %.1f%%",
+        "train: %d pairs, %d batches/epoch/rank, %d batch shapes, padding waste %.1f%%",
         len(data.train),
         len(sampler),
-        100 * waste,
+        stats["shapes"],
+        100 * stats["waste"],
     )
     return BatchIterator(data.train, data.tokenizer.special, sampler)
 
@@ -278,6 +280,7 @@ def valid_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> Bat
         shuffle=False,
         rank=ctx.rank,
         world_size=ctx.world_size,
+        bucket_growth=cfg.trainer.bucket_growth,
     )
     return BatchIterator(data.valid, data.tokenizer.special, sampler)
 
@@ -319,15 +322,19 @@ def build_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
 
 
 def wrap_model(
-    model: torch.nn.Module, ctx: distributed.DistContext, compile: bool
+    model: torch.nn.Module,
+    ctx: distributed.DistContext,
+    compile: bool,
+    backend: str = "inductor",
 ) -> torch.nn.Module:
-    """DDP under torchrun, then `torch.compile` if asked (dynamic shapes: batches vary)."""
+    """DDP under torchrun, then `torch.compile` if asked (dynamic shapes: batches vary;
+    `backend`: "eager" traces without code generation, for tests)."""
     wrapped: torch.nn.Module = model
     if ctx.enabled:
         ids = None if ctx.device.type == "cpu" else [ctx.device.index]
         wrapped = DistributedDataParallel(model, device_ids=ids)
     if compile:
-        compiled = torch.compile(wrapped, dynamic=True)
+        compiled = torch.compile(wrapped, dynamic=True, backend=backend)
         # Duck sizing gives sizes that are equal in the first batch (S == T, B == S) one symbol,
         # so the first batch where they differ recompiles: off while tracing, so that every
         # batch with B, S, T >= 2 runs one graph (B = 1 or T = 1 adds one each: 0/1 is special).

@@ -47,6 +47,7 @@ class TrainerConfig:
     precision: str = "fp32"
     seed: int = 1
     max_tokens: int = 4096
+    bucket_growth: float = 0.0
     update_freq: int = 1
     max_steps: int = 100_000
     max_epochs: int = 0
@@ -126,6 +127,11 @@ class Configs:
         ):
             if value < 1:
                 raise ConfigError(f"{key}={value} must be positive")
+        if trainer.bucket_growth != 0 and not trainer.bucket_growth > 1.0:
+            raise ConfigError(
+                f"trainer.bucket_growth={trainer.bucket_growth} must be > 1 (the ratio between "
+                "padded lengths, e.g. 1.1) or 0 (exact lengths)"
+            )
         if not 0.0 <= trainer.ema_decay < 1.0:
             raise ConfigError(
                 f"trainer.ema_decay={trainer.ema_decay} must be in [0, 1) (0 = off; e.g. 0.999)"
