@@ -141,6 +141,9 @@ class DecoderLayer(_ResidualLayer):
         """h (N, T, D) with N = B * K: K consecutive rows (beams) per sentence of `memory`
         (B, S, D) and `src_mask` (B, 1, 1, S). The K rows' T queries attend together, as K * T
         queries of their sentence, to its one set of keys and values."""
+        if cache is None and h.size(0) == memory.size(0):  # teacher forcing: one row a sentence
+            q, k, v = self.cross_attn.project_cross(h, memory)
+            return self.cross_attn.attend(q, k, v, mask=src_mask, need_weights=need_weights)
         if cache is None:
             k, v = self.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
         elif cache.cross_k is None or cache.cross_v is None:  # the first step: once per sentence
