@@ -13,72 +13,17 @@ from itertools import islice
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from checkpoint import load_checkpoint, save_checkpoint
 from common import runtime
 from data.batching import collate, prefetch
-from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
+from tests.train_helpers import ROOT, TOY_ARGS, params, run_train, toy, toy_cfg, train_cmd
 from training import build
 from training.loop import _updates, _Window, fit, train_step
 from training.run import Learner
 from training.run_dir import RunDirBusy, RunDirLock
 from training.state import TrainState
-
-T = torch.Tensor
-# Python-level reads of a tensor's value or copies to the host: on CUDA each one waits for the GPU.
-PY_READS = {
-    T.item, T.tolist, T.__bool__, T.__float__, T.__int__, T.__index__, T.numpy, T.cpu,
-}  # fmt: skip
-# Operators that read device memory on the host inside C++ (CUDA syncs), besides those tagged
-# as having a data-dependent output or output shape.
-SYNC_OPS = {
-    torch.ops.aten._local_scalar_dense.default,
-    torch.ops.aten.nonzero.default,
-    torch.ops.aten.masked_select.default,
-    torch.ops.aten.is_nonzero.default,
-    torch.ops.aten.equal.default,
-}
-SYNC_TAGS = {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output}
-INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put_.default}
-
-
-class _Count(TorchFunctionMode):
-    """Records the calls of `watched` functions (Python-level reads of tensor values)."""
-
-    def __init__(self, watched: set) -> None:
-        super().__init__()
-        self.watched, self.calls = watched, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.watched:
-            self.calls.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-class _CountSyncOps(TorchDispatchMode):
-    """Records the operators that read a tensor's value on the host or whose output shape
-    depends on data: `SYNC_OPS`, ops tagged `SYNC_TAGS`, and boolean-mask indexing."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in SYNC_OPS or SYNC_TAGS & set(func.tags) or _bool_mask_index(func, args):
-            self.calls.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def _bool_mask_index(func, args) -> bool:
-    if func not in INDEX_OPS or len(args) < 2:
-        return False
-    return any(
-        isinstance(i, torch.Tensor) and i.dtype == torch.bool
-        for i in (args[1] or [])
-        if i is not None
-    )
+from training.step_check import HostReads
 
 
 def _two_batches(run):
@@ -93,7 +38,7 @@ def _two_batches(run):
 def test_the_counters_see_each_kind_of_host_read():
     """The modes below must be able to fail: each kind of read they look for is seen."""
     x = torch.tensor([1.0, float("nan"), 3.0])
-    with _Count(PY_READS) as reads, _CountSyncOps() as ops:
+    with HostReads() as reads:
         x.sum().item()
         x.tolist()
         x.cpu()
@@ -101,10 +46,11 @@ def test_the_counters_see_each_kind_of_host_read():
         x[x > 1]  # boolean-mask indexing
         torch.nonzero(x)
         x.unique()
-    assert {"item", "tolist", "cpu", "__bool__"} <= set(reads.calls)
-    assert any("nonzero" in c for c in ops.calls) and any("unique" in c for c in ops.calls)
-    assert any("_local_scalar_dense" in c for c in ops.calls)
-    assert any("index" in c for c in ops.calls)
+    calls = reads.calls
+    assert {"item", "tolist", "cpu", "__bool__"} <= set(calls)
+    assert any("nonzero" in c for c in calls) and any("unique" in c for c in calls)
+    assert any("_local_scalar_dense" in c for c in calls)
+    assert any("index" in c for c in calls)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -127,13 +73,13 @@ def test_an_update_reads_nothing_back_to_the_host(tmp_path, precision):
     window = _Window(run.ctx.device)
     learner = Learner(run.cfg, run.ctx, run.trainee, run.trainee.model)
     train_step(learner, batches, window)  # the optimizer creates its state
-    with _Count(PY_READS) as reads, _CountSyncOps() as ops:
+    with HostReads() as reads:
         for _ in range(3):
             train_step(learner, batches, window)
         with torch.no_grad():
             run.trainee.model.encoder.layers[0].feed_forward.linear1.weight[0, 0] = float("nan")
         train_step(learner, batches, window)  # skipped on the device
-    assert reads.calls == [] and ops.calls == []
+    assert reads.calls == []
     assert float(window.skipped) == 1 and window.updates == 5
 
 
@@ -316,3 +262,62 @@ def test_a_run_stopped_before_validating_an_eval_step_validates_it_on_resume(tmp
     assert validated == ["valid step 6 ", "valid step 7 "]
     assert (ckpt_dir / "step_6.pt").exists()
     assert load_checkpoint(ckpt_dir / "last.pt")["train_state"]["validated_step"] == 7
+
+
+def test_compiled_training_traces_each_graph_once_and_a_second_epoch_compiles_nothing(tmp_path):
+    """`trainer.compile=true` as `train` wraps the model (here with the eager backend: the same
+    tracing, guards and recompiles as Inductor, without code generation): one epoch of bucketed
+    batches compiles no more graphs than it has shapes, the forward has no graph break, and once
+    its shapes are seen a second epoch (other batches) compiles nothing."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    run = toy(tmp_path, "trainer.max_tokens=128", "trainer.bucket_growth=1.1")
+    loader = build.train_batches(run.data, run.cfg, run.ctx)
+    shapes = loader.sampler.padding_stats()["shapes"]
+    model = build.wrap_model(run.trainee.model, run.ctx, compile=True, backend="eager")
+    learner = Learner(run.cfg, run.ctx, run.trainee, model)
+    window = _Window(run.ctx.device)
+    epoch = list(loader.epoch(0))
+    assert len(epoch) >= 4 and shapes >= 3
+    for batch in epoch:
+        train_step(learner, [batch], window)
+    graphs = counters["stats"]["unique_graphs"]
+    assert 1 <= graphs <= shapes, dict(counters["stats"])
+    assert dict(counters["graph_break"]) == {}
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch in loader.epoch(1):
+            train_step(learner, [batch], window)
+    assert counters["stats"]["unique_graphs"] == graphs
+    explained = torch._dynamo.explain(run.trainee.model)(epoch[0].src_ids, epoch[0].tgt_in)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+
+
+def test_step_check_reports_each_cause_of_an_idle_device(tmp_path, capsys):
+    """`python -m training.step_check` on the toy corpus: every number is there and sane."""
+    from training import step_check
+
+    report = step_check.run(
+        [
+            *TOY_ARGS,
+            "data.hub_name=null",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "trainer.max_tokens=128",
+            "--updates",
+            "3",
+            "--json",
+            str(tmp_path / "check.json"),
+        ]
+    )
+    assert report["syncs_per_update"] == 0 and report["sync_calls"] == []
+    exact, bucketed = report["shapes_exact"], report["shapes_bucket_1.1"]
+    assert exact["shapes"] >= bucketed["shapes"] >= 1
+    assert report["ops_per_update"] > report["kernels_per_update"] > 50
+    assert 0 < report["share_outside_matmuls"] < 1
+    assert report["flops_per_update"] > 0 and report["step_ms"] > 0
+    assert 0 < report["mfu_vs_fp32_peak"] and report["host_gap_ms"] >= 0
+    assert "syncs_per_update" in capsys.readouterr().out
+    assert (tmp_path / "check.json").exists()
