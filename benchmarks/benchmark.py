@@ -35,7 +35,9 @@ What is timed (each model gets the same random batch, the same precision, the sa
   `--quantize int8`), `MarianMTModel.generate` on our weights, and CTranslate2 float32 and
   int8, at every `--beams`, batches of `--decode-batch`, `--threads` (default 2) threads; one
   table of sentences/s, sacreBLEU (with `--ref`) and ours / each system
-  (`benchmarks.peers`, shared with `benchmarks/export_speed.py`).
+  (`benchmarks.peers`, shared with `benchmarks/export_speed.py`). `--cpu-kinds native,avx2`
+  runs every system once more capped to AVX2 (`peers.CPU_KINDS`: environment variables of
+  its worker process only), all interleaved in one run, with a table per kind.
 * GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
   achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul, and
   over the datasheet bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other
@@ -743,17 +745,24 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         f"torch {torch.__version__}, transformers {transformers_version() or 'not installed'}, "
         f"ctranslate2 {ctranslate2_version() or 'not installed'}; 1 warm-up batch, "
         f"{args.repeats} interleaved repeats, ids in and out (SentencePiece not timed), each "
-        "system in a process of its own"
+        f"system in a process of its own; CPU: {peers.cpu_model()}"
     )
-    # each system in a process of its own, as users run them (see `peers.Isolated`)
-    systems: dict[str, peers.Isolated] = {
-        ATTNMT: peers.Isolated(
-            peers.ours_from_checkpoint, (str(path), "none", args.inter_threads), threads
-        ),
-        ATTNMT_INT8: peers.Isolated(
-            peers.ours_from_checkpoint, (str(path), "int8", args.inter_threads), threads
-        ),
-    }
+    # each system in a process of its own, as users run them (see `peers.Isolated`); with
+    # several --cpu-kinds, each system once per kind, all in one interleaved comparison
+    systems: dict[str, peers.Isolated] = {}
+    kinds = {kind: peers.CPU_KINDS[kind] for kind in args.cpu_kinds}
+
+    def named(name: str, kind: str) -> str:
+        return name if kind == args.cpu_kinds[0] else f"{name} [{kind}]"
+
+    for kind, env in kinds.items():
+        for name, quantize in ((ATTNMT, "none"), (ATTNMT_INT8, "int8")):
+            systems[named(name, kind)] = peers.Isolated(
+                peers.ours_from_checkpoint,
+                (str(path), quantize, args.inter_threads),
+                threads,
+                env["ours"],
+            )
     skipped = {}
     if MARIAN in args.peers:
         try:
@@ -769,11 +778,13 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
             for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
                 folder = Path(tmp) / quantization
                 export_ct2(model, tokenizer, folder, quantization)
-                systems[name] = peers.Isolated(
-                    peers.ct2_from_folder,
-                    (str(folder), str(path), threads, args.inter_threads),
-                    threads,
-                )
+                for kind, env in kinds.items():
+                    systems[named(name, kind)] = peers.Isolated(
+                        peers.ct2_from_folder,
+                        (str(folder), str(path), threads, args.inter_threads),
+                        threads,
+                        env["ctranslate2"],
+                    )
         for name, reason in skipped.items():
             print(f"{name}: skipped: {reason}")
         cells = peers.compare(systems, src_ids, cfgs, args.repeats)
@@ -781,16 +792,28 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     def bleu(ids: list[list[int]]) -> float:
         return corpus_bleu(tokenizer.decode_tgt(ids), refs).score
 
-    table, results = peers.table(cells, ATTNMT, bleu if refs is not None else None)
-    if ATTNMT_INT8 in systems and CT2_INT8 in systems:  # int8 against int8
-        for beam in args.beams:
-            ratio = peers.ratio_spread(
-                cells[(ATTNMT_INT8, beam)].times_s, cells[(CT2_INT8, beam)].times_s
-            )
-            table.append(
-                f"  {ATTNMT_INT8} / {CT2_INT8}, {peers.search_name(beam)}: "
-                f"{ratio.format('.2f', 'x')}"
-            )
+    table: list[str] = []
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in kinds:  # a table per kind: every system against ours on that kind
+        ours_name, ours_int8 = named(ATTNMT, kind), named(ATTNMT_INT8, kind)
+        if len(kinds) > 1:
+            table += [""] if table else []
+            table.append(f"CPU kind {kind}: {peers.describe_kind(kind)}")
+        kind_table, by_kind[kind] = peers.table(
+            cells, ours_name, bleu if refs is not None else None
+        )
+        table += kind_table
+        for beam in args.beams:  # int8 against int8
+            for peer in dict.fromkeys((CT2_INT8, named(CT2_INT8, kind))):
+                if (ours_int8, beam) in cells and (peer, beam) in cells:
+                    ratio = peers.ratio_spread(
+                        cells[(ours_int8, beam)].times_s, cells[(peer, beam)].times_s
+                    )
+                    table.append(
+                        f"  {ours_int8} / {peer}, {peers.search_name(beam)}: "
+                        f"{ratio.format('.2f', 'x')}"
+                    )
+    results = by_kind[args.cpu_kinds[0]]
     print("\n" + "\n".join(table))
     report = {
         "meta": {
@@ -802,16 +825,18 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
             "batch": args.decode_batch,
             "threads": threads,
             "inter_threads": args.inter_threads,
+            "cpu_kinds": args.cpu_kinds,
             "repeats": args.repeats,
             "torch": torch.__version__,
             "transformers": transformers_version(),
             "ctranslate2": ctranslate2_version(),
-            "device_name": platform.processor() or platform.machine(),
+            "device_name": peers.cpu_model(),
             "platform": platform.platform(),
             "skipped": skipped,
         },
         "bleu_signature": corpus_bleu(["a"], ["a"]).signature if refs is not None else None,
         "systems": results,
+        "cpu_kinds": by_kind,
         "table": table,
     }
     if args.json:
@@ -1013,6 +1038,16 @@ def build_parser() -> argparse.ArgumentParser:
         "batches at once, the threads divided among them; transformers has no such mode and "
         "searches one batch at a time (default: 1)",
     )
+    real.add_argument(
+        "--cpu-kinds",
+        type=csv(str),
+        default=["native"],
+        help="comma list of CPU kinds to run every system on, interleaved in one run: "
+        "native (what this CPU has) and avx2 (ours under ATEN_CPU_CAPABILITY=avx2 "
+        "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2, CTranslate2 under "
+        "CT2_FORCE_CPU_ISA=AVX2); a table per kind, the first kind's names unmarked "
+        "(default: native)",
+    )
     return p
 
 
@@ -1027,6 +1062,11 @@ def resolve_defaults(args: argparse.Namespace) -> None:
         raise UserError(f"--inter-threads must be >= 1, got {args.inter_threads}")
     if args.inter_threads > 1 and args.run is None:
         raise UserError("--inter-threads needs --run and --src (real sentences)")
+    unknown_kinds = [k for k in args.cpu_kinds if k not in peers.CPU_KINDS]
+    if unknown_kinds or not args.cpu_kinds:
+        raise UserError(f"--cpu-kinds takes {', '.join(peers.CPU_KINDS)}, got {args.cpu_kinds}")
+    if args.cpu_kinds != ["native"] and args.run is None:
+        raise UserError("--cpu-kinds needs --run and --src (real sentences)")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     if args.repeats is not None and args.repeats < 1:

@@ -33,6 +33,7 @@ the same way.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +53,28 @@ from exporting.shared import budgets, require
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def describe_kind(kind: str) -> str:
+    """What a `CPU_KINDS` entry sets, in words."""
+    env = CPU_KINDS[kind]
+    if not env["ours"] and not env["ctranslate2"]:
+        return "every instruction set of this CPU"
+    words = [" ".join(f"{k}={v}" for k, v in env[who]) for who in ("ours", "ctranslate2")]
+    return f"ours under {words[0]}, CTranslate2 [{kind}] under {words[1]}"
 
 
 # ----------------------------------------------------------------------------- systems
@@ -152,6 +175,23 @@ class Isolated:
     build: Callable[..., Search]
     args: tuple = ()
     threads: int = 0
+    env: tuple[tuple[str, str], ...] = ()  # environment variables of the worker process only
+
+
+# CPU kinds a benchmark can run on one machine: the environment that caps a process to a
+# kind's instruction sets (read when torch, oneDNN, MKL and CTranslate2 start, so a worker
+# process gets them before it imports anything). "native" runs what the CPU has.
+CPU_KINDS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
+    "native": {"ours": (), "ctranslate2": ()},
+    "avx2": {  # an AVX2-only (Zen 3-class) CPU: no AVX-512, VNNI, BF16 or AMX
+        "ours": (
+            ("ATEN_CPU_CAPABILITY", "avx2"),
+            ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+            ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
+        ),
+        "ctranslate2": (("CT2_FORCE_CPU_ISA", "AVX2"),),
+    },
+}
 
 
 def ours_from_checkpoint(
@@ -219,7 +259,16 @@ class _Worker:
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no state shared
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, spec, src_ids), daemon=True)
-        self.process.start()
+        saved = {name: os.environ.get(name) for name, _ in spec.env}
+        os.environ.update(spec.env)  # the child copies the environment when it starts
+        try:
+            self.process.start()
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         child.close()
         self._receive("ready")
 

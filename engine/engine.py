@@ -20,7 +20,10 @@ preallocated cache buffers, the one-token step for beam search) gained less than
 they were judged on, an Intel Xeon with AVX-512 and AMX (docs/benchmarks.md, "The engine, path by
 path", `python -m benchmarks.engine_paths`). That rule is not general: on an AMD EPYC Zen 3 (AVX2)
 the one-token step had searched 1.06-1.08x as fast ("On a CPU without AVX-512"), and on AMD CPUs the
-paths were not measured one by one. The contract with the model is tested (tests/test_engine.py):
+paths were not measured one by one. The decoder step compiled by Inductor on static caches, weights
+frozen (pre-packed for oneDNN), was no replacement on an AVX2-only AMD EPYC: 1.04x greedy, 0.54-0.65x
+at beam 5, after 42-58 s of compiling per process (docs/benchmarks.md, "CPU kinds in one run, and
+the decoder step compiled"). The contract with the model is tested (tests/test_engine.py):
 the same logits up to float rounding, the same hypotheses.
 """
 

@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -422,3 +422,52 @@ def test_engine_paths_times_every_variant_with_the_same_ids(
         "beam 2: one-token step",
     ], out
     assert all(line.endswith("same") for line in lines), out  # the paths change no ids
+
+
+def echo_env(name: str) -> Callable:
+    """A `peers.Isolated` builder: a search that answers each sentence with the characters
+    of the worker's environment variable `name` (for the test below)."""
+    import os
+
+    value = [ord(c) for c in os.environ.get(name, "")]
+    return lambda src_ids, cfg: [value for _ in src_ids]
+
+
+def test_isolated_env_reaches_the_worker_only() -> None:
+    import os
+
+    from benchmarks import peers
+
+    name = "ATTNMT_TEST_KIND"
+    assert name not in os.environ
+    spec = peers.Isolated(echo_env, (name,), 1, ((name, "avx2"),))
+    cells = peers.compare(
+        {"echo": spec}, [[5]], [SearchConfig(beam_size=1, batch_size=1)], repeats=1
+    )
+    assert cells[("echo", 1)].ids == [[ord(c) for c in "avx2"]]
+    assert name not in os.environ  # the parent's environment is as it was
+
+
+def test_real_mode_runs_every_system_on_every_cpu_kind(
+    trained_run: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    path = tmp_path / "kinds.json"
+    flags = ["--peers", "ctranslate2", "--cpu-kinds", "native,avx2", "--json", str(path)]
+    with single_thread():
+        status = benchmark.main(real_flags(trained_run, *flags))
+    out = capsys.readouterr().out
+    assert status == 0, out
+    report = json.loads(path.read_text())
+    names = ["attnmt", "attnmt int8", "attnmt [avx2]", "attnmt int8 [avx2]"]
+    names += ["CTranslate2 fp32", "CTranslate2 fp32 [avx2]"]
+    names += ["CTranslate2 int8", "CTranslate2 int8 [avx2]"]
+    assert list(report["systems"]) == names
+    avx2 = report["cpu_kinds"]["avx2"]  # the same cells, ratios against ours on AVX2
+    assert list(avx2) == names
+    for search in ("greedy", "beam 3"):
+        assert avx2["attnmt [avx2]"][search]["ratio_attnmt [avx2]_over_system"]["median"] == 1
+        # float32 on another instruction set: rounding may differ, the outputs hardly
+        assert avx2["attnmt"][search]["same_ids_as_ours"] >= 12
+    assert "CPU kind avx2: ours under ATEN_CPU_CAPABILITY=avx2" in out
+    assert "attnmt int8 [avx2] / CTranslate2 int8 [avx2], greedy" in out
