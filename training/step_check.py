@@ -30,6 +30,7 @@ and optimizer as `train.py` does (nothing is written but the data cache), then r
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -258,11 +259,13 @@ def check_speed(check: StepCheck, updates: int) -> dict[str, Any]:
     from data.batching import prefetch
 
     device, precision = check.ctx.device, check.cfg.trainer.precision
-    groups = list(check.batches(updates + 2))
-    for group in groups[:2]:
+    groups = list(check.batches(2))
+    for group in groups:
         check.update(group)
     flops, tokens, steps, gaps = 0.0, 0, [], []
-    stream = prefetch(iter(g for group in groups[2:] for g in group), check.cfg.trainer.prefetch)
+    # Batches are read and padded as `train` does: on the prefetch thread, or inline with 0.
+    epochs = itertools.chain.from_iterable(check.loader.epoch(e) for e in itertools.count(1))
+    stream = prefetch(epochs, check.cfg.trainer.prefetch)
     k = check.cfg.trainer.update_freq
     check.sync()
     done = time.perf_counter()
