@@ -158,8 +158,9 @@ class TokenBatchSampler:
     order, and a rung of length L fills batches of ``max_tokens // L`` rows, rounded down to a
     multiple of 8; the pairs left over join the next rung's batches (they fit: shorter), so
     only the longest rung leaves a smaller batch. Each side of a batch is padded to the rung of
-    its longest sentence (:meth:`padded_length`). Then, if the number of batches is not a multiple of ``world_size``, split the
-    batch with the largest padded size in two (length order is kept) until it is. Consecutive
+    its longest sentence (:meth:`padded_length`). Then, if the number of batches is not a
+    multiple of ``world_size``, split the batch with the largest padded size in two (length
+    order is kept) until it is. Consecutive
     runs of ``world_size`` batches form one step: their shapes are similar, so no rank waits
     long for the others. Steps are shuffled with a generator seeded by ``(seed, epoch)``, and
     rank ``r`` takes batch ``r`` of every step. So every rank yields the same number of
