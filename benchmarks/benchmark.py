@@ -89,7 +89,7 @@ from torch import Tensor, nn
 from benchmarks import peers
 from benchmarks.bench_model import PeerModel, load_preset, preset_names
 from common.errors import UserError, exit_status
-from common.runtime import autocast
+from common.runtime import DATASHEET_BF16_FLOPS, autocast, datasheet_gpu
 from data.batching import Batch, collate
 from data.tokenizer import SpecialIds
 from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
@@ -847,28 +847,6 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- GPU extras
-
-
-# Datasheet bf16 dense tensor-core peaks (no sparsity), FLOP/s; matched on the device name.
-DATASHEET_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 SXM": 989e12, "A100": 312e12}
-
-
-def datasheet_gpu(device_name: str) -> str:
-    """The `DATASHEET_BF16_FLOPS` key of a `torch.cuda.get_device_name()`, else "unknown".
-
-    E.g. "NVIDIA H100 80GB HBM3" -> "H100 SXM", "NVIDIA H100 PCIe" -> "H100 PCIe",
-    "NVIDIA A100-SXM4-80GB" -> "A100"; H100 NVL and everything else -> "unknown".
-    """
-    name = device_name.upper()
-    if "H200" in name:
-        return "H200"
-    if "H100" in name and "PCIE" in name:
-        return "H100 PCIe"
-    if "H100" in name and ("SXM" in name or "HBM3" in name):
-        return "H100 SXM"
-    if "A100" in name:
-        return "A100"
-    return "unknown"
 
 
 def matmul_peak_flops(device: torch.device, n: int = 8192, repeats: int = 10) -> float:

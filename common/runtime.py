@@ -145,3 +145,25 @@ def autocast_of(device_type: str) -> Callable[[], AbstractContextManager]:
 def _setting(option: str, value: str) -> str:
     """`option` set to `value` as the user writes it: `--device cuda`, `trainer.device=cuda`."""
     return f"{option} {value}" if option.startswith("-") else f"{option}={value}"
+
+
+# Datasheet bf16 dense tensor-core peaks (no sparsity), FLOP/s; matched on the device name.
+DATASHEET_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 SXM": 989e12, "A100": 312e12}
+
+
+def datasheet_gpu(device_name: str) -> str:
+    """The `DATASHEET_BF16_FLOPS` key of a `torch.cuda.get_device_name()`, else "unknown".
+
+    E.g. "NVIDIA H100 80GB HBM3" -> "H100 SXM", "NVIDIA H100 PCIe" -> "H100 PCIe",
+    "NVIDIA A100-SXM4-80GB" -> "A100"; H100 NVL and everything else -> "unknown".
+    """
+    name = device_name.upper()
+    if "H200" in name:
+        return "H200"
+    if "H100" in name and "PCIE" in name:
+        return "H100 PCIe"
+    if "H100" in name and ("SXM" in name or "HBM3" in name):
+        return "H100 SXM"
+    if "A100" in name:
+        return "A100"
+    return "unknown"

@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from common import runtime
+from common.runtime import DATASHEET_BF16_FLOPS, datasheet_gpu
 from data.batching import Batch, TokenBatchSampler, token_lengths
 from training import build, distributed
 from training.config import Configs
@@ -55,8 +56,7 @@ from training.run import Learner
 from training.state import seed_everything
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-# Datasheet bf16 dense tensor-core peaks (no sparsity), FLOP/s; matched on the device name.
-DATASHEET_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 SXM": 989e12, "A100": 312e12}
+
 
 T = torch.Tensor
 # Python-level reads of a tensor's value or copies to the host: on CUDA each one waits for the GPU.
@@ -168,24 +168,6 @@ def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
-
-
-def datasheet_gpu(device_name: str) -> str:
-    """The `DATASHEET_BF16_FLOPS` key of a `torch.cuda.get_device_name()`, else "unknown".
-
-    E.g. "NVIDIA H100 80GB HBM3" -> "H100 SXM", "NVIDIA H100 PCIe" -> "H100 PCIe",
-    "NVIDIA A100-SXM4-80GB" -> "A100"; H100 NVL and everything else -> "unknown".
-    """
-    name = device_name.upper()
-    if "H200" in name:
-        return "H200"
-    if "H100" in name and "PCIE" in name:
-        return "H100 PCIe"
-    if "H100" in name and ("SXM" in name or "HBM3" in name):
-        return "H100 SXM"
-    if "A100" in name:
-        return "A100"
-    return "unknown"
 
 
 class StepCheck:
