@@ -313,9 +313,11 @@ def test_schemathesis_finds_no_failure_and_the_server_keeps_serving(
     cmd = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{server}/openapi.json",
         "--checks", "all", "--exclude-checks", "positive_data_acceptance",
-        "--max-examples", "30", "--seed", "1", "--workers", "2",
+        "--max-examples", "30", "--seed", "1", "--workers", "1",
         "--report", "junit", "--report-dir", str(tmp_path),
     ]  # fmt: skip
+    # One worker: with two, hypothesis's ast.parse of a strategy's lambda raced in CPython 3.11
+    # ("SystemError: AST constructor recursion depth mismatch") and schemathesis exited 1.
     done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert post(server, "/translate", {"sentences": SOURCES[:1]})[0] == 200
