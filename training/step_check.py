@@ -48,7 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common import runtime
 from common.runtime import DATASHEET_BF16_FLOPS, datasheet_gpu
-from data.batching import Batch, TokenBatchSampler, token_lengths
+from data.batching import Batch, TokenBatchSampler, prefetch, token_lengths
 from training import build, distributed
 from training.config import Configs
 from training.loop import _Window, train_step
@@ -238,13 +238,11 @@ def check_ops(check: StepCheck) -> dict[str, Any]:
 
 def check_speed(check: StepCheck, updates: int) -> dict[str, Any]:
     """Steady updates on prefetched batches: step time, host gap, FLOPs and MFU."""
-    from data.batching import prefetch
-
     device, precision = check.ctx.device, check.cfg.trainer.precision
     groups = list(check.batches(2))
     for group in groups:
         check.update(group)
-    flops, tokens, steps, gaps = 0.0, 0, [], []
+    tokens, steps, gaps = 0, [], []
     # Batches are read and padded as `train` does: on the prefetch thread, or inline with 0.
     epochs = itertools.chain.from_iterable(check.loader.epoch(e) for e in itertools.count(1))
     stream = prefetch(epochs, check.cfg.trainer.prefetch)
