@@ -5,6 +5,7 @@ Free functions, one per thing (Joey NMT's `builders.py`), so the loop in `loop.p
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 import uuid
@@ -327,18 +328,33 @@ def wrap_model(
     compile: bool,
     backend: str = "inductor",
 ) -> torch.nn.Module:
-    """DDP under torchrun, then `torch.compile` if asked (dynamic shapes: batches vary;
-    `backend`: "eager" traces without code generation, for tests)."""
-    wrapped: torch.nn.Module = model
+    """The model training runs: `compiled_layers` if asked, then DDP under torchrun. `model`
+    itself stays eager (validation and decoding use it)."""
+    wrapped = compiled_layers(model, backend) if compile else model
     if ctx.enabled:
         ids = None if ctx.device.type == "cpu" else [ctx.device.index]
-        wrapped = DistributedDataParallel(model, device_ids=ids)
-    if compile:
-        compiled = torch.compile(wrapped, dynamic=True, backend=backend)
-        # Duck sizing gives sizes that are equal in the first batch (S == T, B == S) one symbol,
-        # so the first batch where they differ recompiles: off while tracing, so that every
-        # batch with B, S, T >= 2 runs one graph (B = 1 or T = 1 adds one each: 0/1 is special).
-        no_duck = torch.fx.experimental._config.patch(use_duck_shape=False)
-        compiled.forward = no_duck(compiled.forward)
-        wrapped = compiled
+        wrapped = DistributedDataParallel(wrapped, device_ids=ids)
     return wrapped
+
+
+def compiled_layers(model: torch.nn.Module, backend: str = "inductor") -> torch.nn.Module:
+    """A view of `model` that shares its modules and parameters, with each encoder and decoder
+    layer `torch.compile`d (regional compilation, as torchtitan does): the layers of a stack
+    share one graph, their weights being its inputs, so the compile costs one layer of each kind
+    rather than the whole model (half the warm-up on the CPU: docs/training.md#compiling).
+    Dynamic shapes: batches vary. `backend`: "eager" traces without code generation (tests)."""
+    view = copy.copy(model)
+    view._modules = dict(model._modules)
+    for name in ("encoder", "decoder"):
+        stack = copy.copy(getattr(model, name))
+        stack._modules = dict(stack._modules)
+        stack.layers = torch.nn.ModuleList(
+            torch.compile(layer, dynamic=True, backend=backend) for layer in stack.layers
+        )
+        setattr(view, name, stack)
+    # Duck sizing gives sizes that are equal in the first batch (S == T, B == S) one symbol,
+    # so the first batch where they differ recompiles: off while tracing, so that every batch
+    # with B, S, T >= 2 runs one graph a layer kind (B = 1 or T = 1 adds one: 0/1 is special).
+    no_duck = torch.fx.experimental._config.patch(use_duck_shape=False)
+    view.forward = no_duck(view.forward)
+    return view
