@@ -341,7 +341,8 @@ def compiled_layers(model: torch.nn.Module, backend: str = "inductor") -> torch.
     """A view of `model` that shares its modules and parameters, with each encoder and decoder
     layer `torch.compile`d (regional compilation, as torchtitan does): the layers of a stack
     share one graph, their weights being its inputs, so the compile costs one layer of each kind
-    rather than the whole model (half the warm-up on the CPU: docs/training.md#compiling).
+    rather than the whole model (a quarter to half the wait on the CPU:
+    docs/benchmarks.md#torchcompile-in-training).
     Dynamic shapes: batches vary. `backend`: "eager" traces without code generation (tests)."""
     view = copy.copy(model)
     view._modules = dict(model._modules)
