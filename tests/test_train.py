@@ -344,3 +344,16 @@ def test_precision_auto_through_the_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = "bf16" if runtime.native_bf16(torch.device("cpu")) else "fp32"
     assert f"trainer.precision=auto: {expected} on cpu" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_asked_on_a_cpu_without_it_warns_once(tmp_path, monkeypatch, caplog, native):
+    """`trainer.precision=bf16` where bf16 matmuls are emulated (tens of times slower than fp32
+    on a CPU without AVX512-BF16 or AMX) trains, but says so and names the fix; not where it is
+    native."""
+    monkeypatch.setattr(runtime, "native_bf16", lambda device: native)
+    with caplog.at_level("WARNING", logger="training.loop"):
+        fit(toy_cfg(tmp_path, "trainer.precision=bf16", "trainer.max_steps=1"), tmp_path / "run")
+    warned = [r.getMessage() for r in caplog.records if "without native bf16" in r.getMessage()]
+    assert len(warned) == (0 if native else 1), warned
+    assert all("trainer.precision=auto" in w for w in warned)

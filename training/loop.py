@@ -75,6 +75,12 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
         if trainer.precision == "auto":
             trainer.precision = runtime.resolve_precision(ctx.device, "auto")
             log.info("trainer.precision=auto: %s on %s", trainer.precision, ctx.device.type)
+        elif trainer.precision == "bf16" and not runtime.native_bf16(ctx.device):
+            log.warning(
+                "trainer.precision=bf16 on a %s without native bf16 (no AVX512-BF16 or AMX): its "
+                "matmuls are emulated, tens of times slower than fp32; use trainer.precision=auto",
+                ctx.device.type,
+            )
         distributed.check_shared_run_dir(run_dir, ctx)
         outcome = train(configs, run_dir, ctx)
     except BaseException:
