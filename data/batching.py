@@ -97,9 +97,10 @@ def pad_rows(
     return torch.from_numpy(out)
 
 
-def encode_source_batch(src_ids: list[list[int]], special: SpecialIds) -> Tensor:
-    """Source ids (no specials) -> (B, S) tensor of ``ids + [eos]``, right-padded; inference."""
-    return pad_rows(src_ids, special.pad, suffix=[special.eos])
+def encode_source_batch(src_ids: list[list[int]], special: SpecialIds, width: int = 0) -> Tensor:
+    """Source ids (no specials) -> (B, S) tensor of ``ids + [eos]``, right-padded (to ``width``
+    if that is more); inference and training alike."""
+    return pad_rows(src_ids, special.pad, suffix=[special.eos], width=width)
 
 
 def collate(
@@ -121,7 +122,7 @@ def collate(
     tgt_in = pad_rows(tgt_ids, special.pad, prefix=[special.bos], width=T)  # (B, T)
     tgt_out = pad_rows(tgt_ids, special.pad, suffix=[special.eos], width=T)  # tgt_in shifted left
     return Batch(
-        src_ids=pad_rows(src_ids, special.pad, suffix=[special.eos], width=S),  # (B, S)
+        src_ids=encode_source_batch(src_ids, special, width=S),  # (B, S)
         tgt_in=tgt_in,
         tgt_out=tgt_out,
         n_src_tokens=sum(len(s) + 1 for s in src_ids),
