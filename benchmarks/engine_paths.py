@@ -7,6 +7,8 @@ Variants (each a full `Translator` search of `--src`, greedy and beam 5):
 - engine: `Engine(model)`, what `translate.py` runs (float32: the model's layers, greedy search
   with continuous batching);
 - no continuous batching: greedy search batch by batch (greedy only);
+- unpacked output layer: the model's `F.linear` (MKL's sgemm) for the logits instead of
+  oneDNN's pre-packed weight;
 - one-token step: every search on `Engine.step` (the step kernel that continuous batching and
   int8 run) instead of the model's `DecoderLayer.forward`.
 The process keeps freed memory for reuse, as `translate.py` does on the CPU (`common.memory`).
@@ -49,9 +51,12 @@ def variants(model: nn.Module) -> dict[str, nn.Module]:
     """name -> what search runs."""
     no_continuous = Engine(model)
     no_continuous.continuous_batching = False
+    unpacked = Engine(model)
+    unpacked.packed, unpacked.generator = False, model.generator
     return {
         "engine": Engine(model),
         "no continuous batching": no_continuous,
+        "unpacked output layer": unpacked,
         "one-token step": StepEngine(model),
     }
 

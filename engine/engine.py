@@ -13,8 +13,16 @@ the model, and adds:
   row, 2-D rows, the heads folded into the batch of `bmm`, each row's own past and source
   masked by score biases added inside the matmul (`baddbmm`);
 - with `quantize="int8"`, int8 linear layers (`engine.int8`): the encoder and `decoder_step`
-  on copies of the model's linear layers, quantized.
-In float32 everything else is the model's: `encode` and `decode` are the model's, on its `KVCache`.
+  on copies of the model's linear layers, quantized;
+- in float32 on AMD CPUs, the output projection on oneDNN's pre-packed weight (`PackedLinear`,
+  what Inductor's freezing gives a linear layer with a dynamic row count). Its shape, a few
+  rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest on AMD CPUs:
+  on a Zen 3 (AVX2) the packed matmul ran 1.7-2.5x as fast and searches of test2016 1.26x
+  (greedy) and 1.15x (beam 5) as fast, with the same ids (`python -m benchmarks.engine_paths`,
+  docs/benchmarks.md, "CPU kinds in one run"). The engine packs a copy of the weight when it is
+  built: build a new engine after the weights change (validation does, each time).
+In float32 everything else is the model's: `encode` and `decode` are the model's layers, on its
+`KVCache`.
 The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short sources,
 preallocated cache buffers, the one-token step for beam search) gained less than 5% on the one CPU
 they were judged on, an Intel Xeon with AVX-512 and AMX (docs/benchmarks.md, "The engine, path by
@@ -95,7 +103,9 @@ class Engine(nn.Module):
         self.decoder_linears = nn.ModuleList(
             _decoder_linears(layer, prepare) for layer in model.decoder.layers
         )
-        self.generator = prepare(model.generator)
+        generator = model.generator
+        self.packed = not self.int8 and device.type == "cpu" and packing_pays()
+        self.generator = PackedLinear(generator) if self.packed else prepare(generator)
         if self.int8:
             linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
             quantize_linears(linears)  # swaps the layers inside these containers
@@ -124,12 +134,16 @@ class Engine(nn.Module):
         caches: list[StepKVCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
-        """Logits (N, T, V) for the next token: the model's `decode`, except on int8 caches
-        (from `new_caches`), where `decoder_step` runs one new token per row on the int8
-        layers."""
-        if not self.int8 or caches is None:
+        """Logits (N, T, V) for the next token: the model's `decode` (its output projection
+        packed on the CPU), except on int8 caches (from `new_caches`), where `decoder_step` runs
+        one new token per row on the int8 layers."""
+        if self.int8 and caches is not None:
+            return self.step(tgt_ids, memory, src_mask, caches, offset)
+        if not self.packed:
             return self.model.decode(tgt_ids, memory, src_mask, caches, offset)
-        return self.step(tgt_ids, memory, src_mask, caches, offset)
+        x = self.model.embed_target(tgt_ids, offset)  # (N, T, D): `Transformer.decode`'s layers
+        hidden = self.model.decoder(x, memory, src_mask[:, None, None, :], caches).hidden
+        return self.generator(hidden)
 
     def step(
         self,
@@ -274,6 +288,53 @@ class Engine(nn.Module):
 
 
 # ------------------------------------------------------------------ the engine's linear layers
+
+
+def packing_pays(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the output projection runs on oneDNN's packed weight here: this torch has it, and
+    the CPU is an AMD one, where it paid (module docstring). On Intel CPUs MKL is tuned: packing
+    every linear layer cost 2-4% on a Xeon with AMX (docs/benchmarks.md, "The engine, path by
+    path"), so they keep `F.linear`."""
+    if not (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    ):
+        return False
+    try:
+        with open(cpuinfo) as f:
+            return any(
+                line.split(":")[-1].strip() == "AuthenticAMD"
+                for line in f
+                if line.startswith("vendor_id")
+            )
+    except OSError:  # not Linux
+        return False
+
+
+class PackedLinear(nn.Module):
+    """A CPU linear layer on a copy of its weight pre-packed for oneDNN. Float32 inputs outside
+    autocast take the packed matmul; anything else (bf16 under autocast, another device) takes
+    `F.linear` on the layer's own parameters. The copy does not follow later changes of the
+    weight."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear
+        weight = linear.weight.detach()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # any row count
+        self.bias = None if linear.bias is None else linear.bias.detach()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if (
+            x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or x.requires_grad
+            or torch.is_autocast_enabled("cpu")
+        ):
+            return self.linear(x)
+        rows = x.reshape(-1, x.size(-1))  # (*, in) -> (M, in): oneDNN's linear takes 2-D
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], out.size(-1))
+
 
 Prepare = Callable[[nn.Linear], nn.Module]
 

@@ -35,8 +35,9 @@ def sources(n: int, seed: int, max_len: int = 20) -> list[list[int]]:
 def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConfig) -> list:
     """`greedy_search` on consecutive batches of `cfg.batch_size`: what continuous batching
     replaces, on the same one-token step kernel (so the same tokens, also in bf16)."""
-    model = StepEngine(model.model)
-    found = []
+    step = StepEngine(model.model)
+    step.generator = model.generator  # the same output layer, its hooks included
+    model, found = step, []
     for start in range(0, len(src), cfg.batch_size):
         ids = encode_source_batch(src[start : start + cfg.batch_size], SPECIAL)
         found += greedy_search(model, ids, SPECIAL, cfg).hypotheses

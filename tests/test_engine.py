@@ -15,7 +15,9 @@ import torch
 from decoding.config import SearchConfig
 from decoding.search import beam_search, greedy_search
 from engine import Engine
+from engine import engine as engine_module
 from engine.cache import StepKVCache
+from engine.engine import PackedLinear, packing_pays
 from model import padding_mask
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, random_sources
 
@@ -75,3 +77,42 @@ def test_engine_leaves_the_model_as_it_was(tiny_model) -> None:
 def test_engine_refuses_what_it_cannot_do(tiny_model) -> None:
     with pytest.raises(ValueError, match="'none' or 'int8'"):
         Engine(tiny_model(seed=0), quantize="int4")
+
+
+def test_packing_is_chosen_on_amd_cpus_only(tmp_path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    for vendor, packs in [
+        ("AuthenticAMD", torch.backends.mkldnn.is_available()),
+        ("GenuineIntel", False),
+    ]:
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
+        assert packing_pays(str(cpuinfo)) == packs
+    assert not packing_pays(str(tmp_path / "absent"))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+def test_packed_output_projection_computes_the_models_logits(tiny_model, monkeypatch) -> None:
+    """In float32 on an AMD CPU the engine's output projection runs on oneDNN's pre-packed
+    weight: the model's logits up to float rounding, teacher-forced and one token at a time;
+    under bf16 autocast it falls back to the model's layer (the packed weight is float32)."""
+    monkeypatch.setattr(engine_module, "packing_pays", lambda: True)  # whatever CPU runs this
+    model = tiny_model(seed=0, dropout=0.0).eval()
+    engine = Engine(model)
+    assert engine.packed and isinstance(engine.generator, PackedLinear)
+    src = random_sources(LENGTHS["long"], seed=2)
+    tgt = torch.randint(4, 40, (src.size(0), 5), generator=torch.Generator().manual_seed(3))
+    src_mask = padding_mask(src, SPECIAL.pad)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory, src_mask)  # (B, T, V)
+        torch.testing.assert_close(engine.decode(tgt, memory, src_mask), full, atol=1e-5, rtol=0)
+        caches = engine.new_caches()
+        for i in range(tgt.size(1)):
+            step = engine.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            torch.testing.assert_close(step[:, 0], full[:, i], atol=1e-5, rtol=0.0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = torch.randn(3, model.cfg.d_model)
+            got = engine.generator(hidden)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got, model.generator(hidden))
+    assert not Engine(model, quantize="int8").packed
