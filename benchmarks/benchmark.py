@@ -18,7 +18,8 @@ What is timed (each model gets the same random batch, the same precision, the sa
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
   random lengths, so EOS is forbidden for the first L steps and forced at step L+1 for both:
-  ours through a wrapper that masks the EOS logit while `offset < L` (`max_len_a=0`,
+  ours (`engine.Engine(model)`, what `translate.py` runs) through a wrapper that masks the
+  EOS logit while `offset < L` (`max_len_a=0`,
   `max_len_b=L`: the search forces EOS at the budget), `MarianMTModel.generate` through
   `min_new_tokens=L, max_new_tokens=L+1, forced_eos_token_id` (`use_cache=True`,
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
@@ -510,7 +511,7 @@ class FixedLengthModel:
     """Ours with EOS forbidden for the first `min_len` steps (`min_new_tokens` in HF terms):
     with `max_len_b = min_len` the search then forces EOS at step `min_len + 1`."""
 
-    def __init__(self, model: Transformer, min_len: int) -> None:
+    def __init__(self, model: nn.Module, min_len: int) -> None:  # an `Engine` or a `Transformer`
         self.model, self.min_len = model, min_len
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
@@ -528,7 +529,7 @@ class FixedLengthModel:
         return logits
 
 
-def decode_ours(model: Transformer, src: Tensor, beam: int, length: int) -> list[list[int]]:
+def decode_ours(model: nn.Module, src: Tensor, beam: int, length: int) -> list[list[int]]:
     wrapped = FixedLengthModel(model, length)
     cfg = SearchConfig(beam_size=beam, max_len_a=0.0, max_len_b=length, length_penalty=1.0)
     search = greedy_search if beam == 1 else beam_search
@@ -635,6 +636,7 @@ def bench_decode(setup: Setup, precision: str) -> list[dict[str, Any]]:
         model.eval()
     base = {OURS: decode_ours, MARIAN: decode_marian}
     decoders = {name: functools.partial(base[name], model) for name, model in models.items()}
+    decoders[OURS] = functools.partial(decode_ours, Engine(models[OURS]))  # as translate.py runs
     with contextlib.ExitStack() as stack:
         if CT2 in args.peers and precision == "fp32":
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
