@@ -17,10 +17,10 @@ the model, and adds:
 - in float32 on AMD CPUs, the output projection on oneDNN's pre-packed weight (`PackedLinear`,
   what Inductor's freezing gives a linear layer with a dynamic row count). Its shape, a few
   rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest on AMD CPUs:
-  on a Zen 3 (AVX2) the packed matmul ran 1.7-2.5x as fast and searches of test2016 1.26x
-  (greedy) and 1.15x (beam 5) as fast, with the same ids (`python -m benchmarks.engine_paths`,
-  docs/benchmarks.md, "CPU kinds in one run"). The engine packs a copy of the weight when it is
-  built: build a new engine after the weights change (validation does, each time).
+  on a Zen 3 (AVX2) the packed matmul ran 1.5-2.6x as fast, and searches of test2016 1.12x
+  (greedy) and 1.15x (beam 5) as fast with the same ids (`python -m benchmarks.engine_paths`;
+  docs/benchmarks.md, "The output projection packed"). The engine packs a copy of the weight
+  when it is built: build a new engine after the weights change (validation does, each time).
 In float32 everything else is the model's: `encode` and `decode` are the model's layers, on its
 `KVCache`.
 The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short sources,
