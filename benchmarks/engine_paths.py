@@ -52,7 +52,7 @@ def variants(model: nn.Module) -> dict[str, nn.Module]:
     no_continuous = Engine(model)
     no_continuous.continuous_batching = False
     unpacked = Engine(model)
-    unpacked.packed, unpacked.generator = False, model.generator
+    unpacked.generator = model.generator
     return {
         "engine": Engine(model),
         "no continuous batching": no_continuous,

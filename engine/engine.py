@@ -103,9 +103,8 @@ class Engine(nn.Module):
         self.decoder_linears = nn.ModuleList(
             _decoder_linears(layer, prepare) for layer in model.decoder.layers
         )
-        generator = model.generator
-        self.packed = not self.int8 and device.type == "cpu" and packing_pays()
-        self.generator = PackedLinear(generator) if self.packed else prepare(generator)
+        packs = not self.int8 and device.type == "cpu" and packing_pays()
+        self.generator = PackedLinear(model.generator) if packs else prepare(model.generator)
         if self.int8:
             linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
             quantize_linears(linears)  # swaps the layers inside these containers
@@ -137,13 +136,18 @@ class Engine(nn.Module):
         """Logits (N, T, V) for the next token: the model's `decode` (its output projection
         packed on the CPU), except on int8 caches (from `new_caches`), where `decoder_step` runs
         one new token per row on the int8 layers."""
-        if self.int8 and caches is not None:
+        if self.int8:  # its int8 layers on its own caches, the model's float layers without
+            if caches is None:
+                return self.model.decode(tgt_ids, memory, src_mask)
             return self.step(tgt_ids, memory, src_mask, caches, offset)
-        if not self.packed:
-            return self.model.decode(tgt_ids, memory, src_mask, caches, offset)
         x = self.model.embed_target(tgt_ids, offset)  # (N, T, D): `Transformer.decode`'s layers
         hidden = self.model.decoder(x, memory, src_mask[:, None, None, :], caches).hidden
         return self.generator(hidden)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the output projection runs on oneDNN's packed weight (`PackedLinear`)."""
+        return isinstance(self.generator, PackedLinear)
 
     def step(
         self,

@@ -37,10 +37,10 @@ def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConf
     replaces, on the same one-token step kernel (so the same tokens, also in bf16)."""
     step = StepEngine(model.model)
     step.generator = model.generator  # the same output layer, its hooks included
-    model, found = step, []
+    found = []
     for start in range(0, len(src), cfg.batch_size):
         ids = encode_source_batch(src[start : start + cfg.batch_size], SPECIAL)
-        found += greedy_search(model, ids, SPECIAL, cfg).hypotheses
+        found += greedy_search(step, ids, SPECIAL, cfg).hypotheses
     return found
 
 
