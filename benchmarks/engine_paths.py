@@ -4,13 +4,15 @@ switched off, in one process, timed interleaved.
     python -m benchmarks.engine_paths -c RUN_DIR --src test2016.en --repeats 5
 
 Variants (each a full `Translator` search of `--src`, greedy and beam 5):
-- engine: `Engine(model)`, what `translate.py` runs (float32: the model's layers, greedy search
-  with continuous batching);
+- engine: `Engine(model)`, what `translate.py` runs (float32: greedy search with continuous
+  batching; on AMD CPUs the output layer packed, and the decoder's layers too from 512 wide);
 - no continuous batching: greedy search batch by batch (greedy only);
-- unpacked output layer: the model's `F.linear` (MKL's sgemm) for the logits instead of
-  oneDNN's pre-packed weight;
-- one-token step: every search on `Engine.step` (the step kernel that continuous batching and
-  int8 run) instead of the model's `DecoderLayer.forward`.
+- unpacked: `Engine(model, pack=False)`, what Intel CPUs run: `F.linear` (MKL's sgemm) and the
+  model's `DecoderLayer.forward` for beam search;
+- output layer packed only: unpacked, but the logits on oneDNN's pre-packed weight;
+- all packed: `Engine(model, pack=True)`, the decoder's layers packed too, every search on the
+  engine's one-token step (`Engine.step`, what continuous batching and int8 run);
+- one-token step, unpacked: every search on `Engine.step`, on the model's float layers.
 The process keeps freed memory for reuse, as `translate.py` does on the CPU (`common.memory`).
 Each repeat runs every variant once, in a rotating order; the table gives the median
 sentences/s, and each variant's time relative to the engine's (median and range of the
@@ -33,6 +35,7 @@ from common.memory import keep_freed_memory
 from decoding import SearchConfig, Translator
 from engine import Engine
 from engine.cache import StepKVCache
+from engine.engine import PackedLinear
 
 
 class StepEngine(Engine):
@@ -51,13 +54,15 @@ def variants(model: nn.Module) -> dict[str, nn.Module]:
     """name -> what search runs."""
     no_continuous = Engine(model)
     no_continuous.continuous_batching = False
-    unpacked = Engine(model)
-    unpacked.generator = model.generator
+    output_only = Engine(model, pack=False)
+    output_only.generator = PackedLinear(model.generator)
     return {
         "engine": Engine(model),
         "no continuous batching": no_continuous,
-        "unpacked output layer": unpacked,
-        "one-token step": StepEngine(model),
+        "unpacked": Engine(model, pack=False),
+        "output layer packed only": output_only,
+        "all packed": Engine(model, pack=True),
+        "one-token step, unpacked": StepEngine(model, pack=False),
     }
 
 

@@ -19,10 +19,12 @@ the model, and adds:
   rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest on AMD CPUs:
   on a Zen 3 (AVX2) the packed matmul ran 1.5-2.6x as fast, and searches of test2016 1.12x
   (greedy) and 1.15x (beam 5) as fast with the same ids (`python -m benchmarks.engine_paths`;
-  docs/benchmarks.md, "The output projection packed"). The engine packs a copy of the weight
-  when it is built: build a new engine after the weights change (validation does, each time).
-In float32 everything else is the model's: `encode` and `decode` are the model's layers, on its
-`KVCache`.
+  docs/benchmarks.md, "The output projection packed"). In models at least 512 wide
+  (`PACKED_DECODER_WIDTH`: OPUS-MT, `base`) the decoder's linear layers are packed too, and
+  every search runs `decoder_step` on them (1.02-1.14x at OPUS-MT's shape; a wash at 256 wide).
+  The engine packs copies of the weights when it is built: build a new engine after the
+  weights change (validation does, each time).
+Otherwise, in float32, `encode` and `decode` are the model's layers, on its `KVCache`.
 The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short sources,
 preallocated cache buffers, the one-token step for beam search) gained less than 5% on the one CPU
 they were judged on, an Intel Xeon with AVX-512 and AMX (docs/benchmarks.md, "The engine, path by
@@ -62,9 +64,16 @@ class Rows(nn.Module):
         super().__init__()
         self.linear, self.start, self.end = linear, start, end
 
+    @property
+    def weight(self) -> Tensor:
+        return self.linear.weight[self.start : self.end]
+
+    @property
+    def bias(self) -> Tensor:
+        return self.linear.bias[self.start : self.end]
+
     def forward(self, x: Tensor) -> Tensor:
-        part = slice(self.start, self.end)
-        return F.linear(x, self.linear.weight[part], self.linear.bias[part])
+        return F.linear(x, self.weight, self.bias)
 
 
 class Engine(nn.Module):
@@ -74,6 +83,11 @@ class Engine(nn.Module):
         model: the trained model, on the device the engine runs on. It is not changed; the
             engine uses its parameters (int8 quantizes copies of them).
         quantize: "none" or "int8" (dynamic int8 linear layers, CPU only).
+        pack: float32 on the CPU only: True runs the output projection and the decoder's
+            linear layers on oneDNN's pre-packed weights (`PackedLinear`), and every search on
+            the one-token step; False neither. None: what paid, on AMD CPUs only
+            (`packing_pays`): the output projection, and the decoder's layers too in models at
+            least `PACKED_DECODER_WIDTH` wide.
 
     Decoding runs as in eval mode (no dropout), whatever the model's mode.
 
@@ -82,7 +96,9 @@ class Engine(nn.Module):
         >>> beam_search(engine, src_ids, tokenizer.special, SearchConfig(beam_size=5))
     """
 
-    def __init__(self, model: Transformer, quantize: str = "none") -> None:
+    def __init__(
+        self, model: Transformer, quantize: str = "none", pack: bool | None = None
+    ) -> None:
         super().__init__()
         if quantize not in ("none", "int8"):
             raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
@@ -91,20 +107,28 @@ class Engine(nn.Module):
             raise ValueError(
                 f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
             )
+        pack_decoder = bool(pack)
+        if pack is None:
+            pack = quantize == "none" and device.type == "cpu" and packing_pays()
+            pack_decoder = pack and model.cfg.d_model >= PACKED_DECODER_WIDTH
+        elif pack and (quantize != "none" or device.type != "cpu"):
+            raise ValueError(
+                "pack=True packs float32 CPU layers: not with int8 or on another device"
+            )
         self.model = model
         self.cfg = model.cfg  # the model's shape, as `Transformer.cfg`
         self.int8 = quantize == "int8"
         # int8 scales activations per batch: a row's output would depend on the rows beside it
         self.continuous_batching = not self.int8  # see `decoding.search.ContinuousGreedy`
         prepare = _copy if self.int8 else _shared
-        self.encoder_linears = nn.ModuleList(
+        self.encoder_linears = nn.ModuleList(  # int8's encoder (a float one runs the model's)
             _encoder_linears(layer, prepare) for layer in model.encoder.layers
         )
         self.decoder_linears = nn.ModuleList(
-            _decoder_linears(layer, prepare) for layer in model.decoder.layers
+            _decoder_linears(layer, PackedLinear if pack_decoder else prepare)
+            for layer in model.decoder.layers
         )
-        packs = not self.int8 and device.type == "cpu" and packing_pays()
-        self.generator = PackedLinear(model.generator) if packs else prepare(model.generator)
+        self.generator = PackedLinear(model.generator) if pack else prepare(model.generator)
         if self.int8:
             linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
             quantize_linears(linears)  # swaps the layers inside these containers
@@ -133,13 +157,13 @@ class Engine(nn.Module):
         caches: list[StepKVCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
-        """Logits (N, T, V) for the next token: the model's `decode` (its output projection
-        packed on the CPU), except on int8 caches (from `new_caches`), where `decoder_step` runs
-        one new token per row on the int8 layers."""
-        if self.int8:  # its int8 layers on its own caches, the model's float layers without
-            if caches is None:
-                return self.model.decode(tgt_ids, memory, src_mask)
+        """Logits (N, T, V) for the next token. With caches (from `new_caches`), an engine on its
+        own decoder layers (`own_decoder`) runs `step`, one new token per row; otherwise the
+        model's `decode`, its output projection the engine's."""
+        if caches is not None and self.own_decoder:
             return self.step(tgt_ids, memory, src_mask, caches, offset)
+        if self.int8:
+            return self.model.decode(tgt_ids, memory, src_mask)
         x = self.model.embed_target(tgt_ids, offset)  # (N, T, D): `Transformer.decode`'s layers
         hidden = self.model.decoder(x, memory, src_mask[:, None, None, :], caches).hidden
         return self.generator(hidden)
@@ -148,6 +172,13 @@ class Engine(nn.Module):
     def packed(self) -> bool:
         """Whether the output projection runs on oneDNN's packed weight (`PackedLinear`)."""
         return isinstance(self.generator, PackedLinear)
+
+    @property
+    def own_decoder(self) -> bool:
+        """Whether searches run `step` on the engine's decoder layers (int8, or packed) rather
+        than the model's `DecoderLayer.forward`."""
+        layers = self.decoder_linears
+        return self.int8 or (len(layers) > 0 and isinstance(layers[0]["ff1"], PackedLinear))
 
     def step(
         self,
@@ -164,8 +195,9 @@ class Engine(nn.Module):
         return self.generator(self.decoder_step(x, memory, src_mask, caches)).unsqueeze(1)
 
     def new_caches(self) -> list:
-        """Empty caches, one per decoder layer: the model's, or `StepKVCache`s with int8."""
-        if not self.int8:
+        """Empty caches, one per decoder layer: `StepKVCache`s for `step` (`own_decoder`),
+        else the model's."""
+        if not self.own_decoder:
             return self.model.new_caches()
         return [StepKVCache() for _ in self.decoder_linears]
 
@@ -294,6 +326,12 @@ class Engine(nn.Module):
 # ------------------------------------------------------------------ the engine's linear layers
 
 
+# The decoder's layers are packed (on AMD CPUs) in models at least this wide. At 512 (OPUS-MT's
+# shape) greedy and beam 5 ran 1.02-1.14x as fast with them packed, natively and AVX2-capped; at
+# 256 (`tiny`) it was a wash, 0.91-1.06x (docs/benchmarks.md, "The decoder's layers packed").
+PACKED_DECODER_WIDTH = 512
+
+
 def packing_pays(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether the output projection runs on oneDNN's packed weight here: this torch has it, and
     the CPU is an AMD one, where it paid (module docstring). On Intel CPUs MKL is tuned: packing
@@ -320,7 +358,7 @@ class PackedLinear(nn.Module):
     `F.linear` on the layer's own parameters. The copy does not follow later changes of the
     weight."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear | Rows) -> None:
         super().__init__()
         self.linear = linear
         weight = linear.weight.detach()
@@ -340,7 +378,7 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], out.size(-1))
 
 
-Prepare = Callable[[nn.Linear], nn.Module]
+Prepare = Callable[[nn.Module], nn.Module]  # a linear layer or `Rows` -> what the engine runs
 
 
 def _shared(linear: nn.Linear) -> nn.Module:
@@ -355,14 +393,14 @@ def _copy(linear: nn.Linear) -> nn.Module:  # to be quantized: a copy, the model
 
 
 def _rows(linear: nn.Linear, start: int, end: int, prepare: Prepare) -> nn.Module:
-    """Rows `start:end` of `linear`: a view of the prepared layer, or (int8) a copy of them."""
+    """Rows `start:end` of `linear`: a view of the layer's, packed, or (int8) a copy of them."""
     if prepare is _copy:
         part = nn.Linear(linear.in_features, end - start).to(linear.weight)
         with torch.no_grad():
             part.weight.copy_(linear.weight[start:end])
             part.bias.copy_(linear.bias[start:end])
         return part
-    return Rows(prepare(linear), start, end)
+    return prepare(Rows(linear, start, end))
 
 
 def _encoder_linears(layer: nn.Module, prepare: Prepare) -> nn.ModuleDict:

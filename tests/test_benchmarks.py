@@ -417,11 +417,15 @@ def test_engine_paths_times_every_variant_with_the_same_ids(
     assert rows == [
         "beam 1: engine",
         "beam 1: no continuous batching",
-        "beam 1: unpacked output layer",
-        "beam 1: one-token step",
+        "beam 1: unpacked",
+        "beam 1: output layer packed only",
+        "beam 1: all packed",
+        "beam 1: one-token step, unpacked",
         "beam 2: engine",
-        "beam 2: unpacked output layer",
-        "beam 2: one-token step",
+        "beam 2: unpacked",
+        "beam 2: output layer packed only",
+        "beam 2: all packed",
+        "beam 2: one-token step, unpacked",
     ], out
     assert all(line.endswith("same") for line in lines), out  # the paths change no ids
 

@@ -91,14 +91,17 @@ def test_packing_is_chosen_on_amd_cpus_only(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_packed_output_projection_computes_the_models_logits(tiny_model, monkeypatch) -> None:
-    """In float32 on an AMD CPU the engine's output projection runs on oneDNN's pre-packed
-    weight: the model's logits up to float rounding, teacher-forced and one token at a time;
-    under bf16 autocast it falls back to the model's layer (the packed weight is float32)."""
-    monkeypatch.setattr(engine_module, "packing_pays", lambda: True)  # whatever CPU runs this
-    model = tiny_model(seed=0, dropout=0.0).eval()
-    engine = Engine(model)
-    assert engine.packed and isinstance(engine.generator, PackedLinear)
+@NORMS
+def test_packed_engine_computes_the_models_logits(norm_first: bool, tiny_model) -> None:
+    """Packed, the engine's decoder linear layers and output projection run on oneDNN's
+    pre-packed weights, every search on the one-token step: the model's logits up to
+    float rounding, teacher-forced and one token at a time, and the model's hypotheses; under
+    bf16 autocast a packed layer falls back to the model's (the packed weight is float32)."""
+    model = tiny_model(seed=1, **{**SEARCH_MODEL, "norm_first": norm_first}).eval()
+    engine = Engine(model, pack=True)
+    linears = [engine.generator, *(m for d in engine.decoder_linears for m in d.values())]
+    assert engine.packed and all(isinstance(m, PackedLinear) for m in linears)
+    assert all(isinstance(c, StepKVCache) for c in engine.new_caches())
     src = random_sources(LENGTHS["long"], seed=2)
     tgt = torch.randint(4, 40, (src.size(0), 5), generator=torch.Generator().manual_seed(3))
     src_mask = padding_mask(src, SPECIAL.pad)
@@ -115,4 +118,31 @@ def test_packed_output_projection_computes_the_models_logits(tiny_model, monkeyp
             got = engine.generator(hidden)
             assert got.dtype == torch.bfloat16
             torch.testing.assert_close(got, model.generator(hidden))
-    assert not Engine(model, quantize="int8").packed
+    src = random_sources([6, 19, 2, 11], seed=4)
+    cfg = SearchConfig(beam_size=4, nbest=4, max_len_a=1.5, max_len_b=6)
+    want = beam_search(model, src, SPECIAL, cfg).hypotheses
+    got = beam_search(engine, src, SPECIAL, cfg).hypotheses
+    assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in want]
+    assert len({len(n[0].tokens) for n in want}) > 1  # not a degenerate model
+
+
+def test_packing_follows_the_cpu_and_the_width(tiny_model, monkeypatch) -> None:
+    """On AMD CPUs the output projection is packed, and the decoder's layers too (searches on
+    the one-token step) in models at least `PACKED_DECODER_WIDTH` wide; int8 and pack=False
+    pack nothing."""
+    model = tiny_model(seed=0)
+    monkeypatch.setattr(engine_module, "packing_pays", lambda: False)
+    assert not Engine(model).packed
+    monkeypatch.setattr(engine_module, "packing_pays", lambda: True)
+    narrow = Engine(model)
+    assert narrow.packed and not narrow.own_decoder
+    assert not any(isinstance(c, StepKVCache) for c in narrow.new_caches())  # the model's
+    monkeypatch.setattr(engine_module, "PACKED_DECODER_WIDTH", model.cfg.d_model)
+    wide = Engine(model)
+    assert wide.packed and wide.own_decoder
+    assert isinstance(wide.decoder_linears[0]["cross_q"], PackedLinear)
+    for engine in (Engine(model, quantize="int8"), Engine(model, pack=False)):
+        assert not engine.packed
+        assert not any(isinstance(m, PackedLinear) for m in engine.modules())
+    with pytest.raises(ValueError, match="not with int8"):
+        Engine(model, quantize="int8", pack=True)
