@@ -12,7 +12,7 @@ What is timed (each model gets the same random batch, the same precision, the sa
   Peers: `MarianMTModel` built from a `MarianConfig` of the same sizes (shared + tied
   embeddings, relu, scale_embedding, static sinusoidal positions, post-norm) and
   `torch.nn.Transformer` inside the same embeddings/positions/tied output
-  (`benchmarks/bench_model.py`'s `PeerModel`). Both get a copy of our initial weights (Marian's
+  (`PeerModel` below). Both get a copy of our initial weights (Marian's
   through `exporting.hf.to_marian`, the model dimension permuted to fit its [sin | cos]
   position table), so the three run the same numbers; Marian then computes exactly our
   function (checked by the tests); nn.Transformer adds one LayerNorm after each stack.
@@ -63,7 +63,6 @@ Usage:
     python -m benchmarks.benchmark                                  # CPU defaults
     python -m benchmarks.benchmark --preset small --batch-tokens 4096 --json bench.json
     python -m benchmarks.benchmark --device cuda --preset base --variants fp32,bf16,bf16+compile
-    python -m benchmarks.benchmark --profile                        # + torch.profiler tables
     python -m benchmarks.benchmark --run RUN_DIR --src test2016.en --ref test2016.de --repeats 3
 """
 
@@ -76,6 +75,7 @@ import dataclasses
 import functools
 import gc
 import json
+import math
 import platform
 import statistics
 import sys
@@ -88,7 +88,6 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks import peers
-from benchmarks.bench_model import PeerModel, load_preset, preset_names
 from common.errors import UserError, exit_status
 from common.runtime import DATASHEET_BF16_FLOPS, autocast, datasheet_gpu
 from data.batching import Batch, collate
@@ -98,7 +97,7 @@ from engine import Engine
 from exporting.ct2 import ct2_target_ids, ct2_translate, export_ct2
 from exporting.hf import check_marian, to_marian
 from exporting.shared import INSTALL_HINT, require
-from model import ModelConfig, Transformer
+from model import ModelConfig, SinusoidalPositionalEncoding, Transformer
 from model.config import ACTIVATIONS
 from model.kernels import label_smoothed_cross_entropy
 
@@ -112,9 +111,66 @@ CT2_FP32, CT2_INT8 = "CTranslate2 fp32", "CTranslate2 int8"
 OURS_INT8 = "ours int8"  # decoded beside CTranslate2's int8
 VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
 GOALS = {"train": 1.2, "beam5": 2.0}  # targets for ours / transformers on the same device
+PRESETS = ROOT / "conf" / "model"  # the model presets' one source: conf/model/<name>.yaml
 
 
 # ------------------------------------------------------------------------------- models
+
+
+def preset_names() -> list[str]:
+    """The presets in conf/model/ (tiny, small, base, big, ...)."""
+    return sorted(path.stem for path in PRESETS.glob("*.yaml"))
+
+
+def load_preset(name: str) -> tuple[dict, str]:
+    """ModelConfig fields of conf/model/<name>.yaml, and that path (relative to the repo)."""
+    import yaml  # installed with hydra-core
+
+    path = PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"no model preset {path}; choose one of {', '.join(preset_names())}")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {k: v for k, v in raw.items() if k in fields}, str(path.relative_to(ROOT))
+
+
+class PeerModel(nn.Module):
+    """`torch.nn.Transformer` inside the same embedding / positions / tied output as ours."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        D, pad = cfg.d_model, SPECIAL.pad
+        self.embed = nn.Embedding(cfg.tgt_vocab_size, D, padding_idx=pad)  # shared src/tgt
+        self.positional = SinusoidalPositionalEncoding(D, cfg.dropout)
+        self.transformer = nn.Transformer(
+            d_model=D,
+            nhead=cfg.n_heads,
+            num_encoder_layers=cfg.n_encoder_layers,
+            num_decoder_layers=cfg.n_decoder_layers,
+            dim_feedforward=cfg.d_ff,
+            dropout=cfg.dropout,
+            batch_first=True,
+            norm_first=cfg.norm_first,
+        )
+        self.generator = nn.Linear(D, cfg.tgt_vocab_size, bias=False)
+        self.generator.weight = self.embed.weight  # tied, as ours
+        # Our init, N(0, D^-1/2) with a zero pad row. With nn.Embedding's default N(0, 1), tied
+        # to the output, the logits have std ~sqrt(D) and about a quarter of their gradient
+        # entries are denormal floats: the output-layer backward matmuls ran ~20x slower on CPU.
+        nn.init.normal_(self.embed.weight, mean=0.0, std=D**-0.5)
+        with torch.no_grad():
+            self.embed.weight[pad].zero_()
+        self.scale = math.sqrt(D)
+
+    def forward(self, src_ids: Tensor, tgt_in: Tensor) -> Tensor:
+        src_pad = src_ids.eq(SPECIAL.pad)  # (B, S), True = padding (nn.Transformer's polarity)
+        T = tgt_in.size(1)
+        causal = nn.Transformer.generate_square_subsequent_mask(T, device=tgt_in.device)  # (T, T)
+        x = self.positional(self.embed(src_ids) * self.scale)  # (B, S, D)
+        y = self.positional(self.embed(tgt_in) * self.scale)  # (B, T, D)
+        pads = {"src_key_padding_mask": src_pad, "memory_key_padding_mask": src_pad}
+        hidden = self.transformer(x, y, tgt_mask=causal, tgt_is_causal=True, **pads)  # (B, T, D)
+        return self.generator(hidden)  # (B, T, V)
 
 
 def model_config(
@@ -861,38 +917,6 @@ def matmul_peak_flops(device: torch.device, n: int = 8192, repeats: int = 10) ->
     return 2 * n**3 / statistics.median(times)
 
 
-def profile(setup: Setup) -> None:
-    """torch.profiler tables: one training step and one beam decode of each model."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    args, cfg, device = setup.args, setup.cfg, setup.device
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    batch = train_batch(args.batch_tokens[0], args.max_len, cfg.tgt_vocab_size, args.seed)
-    batch = batch.to(device)
-    models = build_models(cfg, args.peers, device, args.max_positions, args.seed)
-    for trainee in make_trainees(models, compile_=False):
-        train_step(trainee, batch, device, "fp32")
-        with torch_profile(activities=activities) as prof:
-            train_step(trainee, batch, device, "fp32")
-            sync(device)
-        print(f"\n--- profile: training step, {trainee.name} (top {args.profile_top} by self time)")
-        print(prof.key_averages().table(sort_by=sort_by, row_limit=args.profile_top))
-    src = batch.src_ids[: args.decode_batch]
-    beam = max(args.beams)
-    decoders = {OURS: decode_ours, MARIAN: decode_marian}
-    for name in [n for n in models if n in decoders]:
-        model = models[name].eval()
-        with torch.inference_mode():
-            decoders[name](model, src, beam, args.decode_len)
-            with torch_profile(activities=activities) as prof:
-                decoders[name](model, src, beam, args.decode_len)
-                sync(device)
-        print(f"\n--- profile: beam {beam} decode, {name} (top {args.profile_top} by self time)")
-        print(prof.key_averages().table(sort_by=sort_by, row_limit=args.profile_top))
-
-
 # ---------------------------------------------------------------------------------- main
 
 
@@ -987,12 +1011,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU threads of torch and CTranslate2 (default: torch's; with --run 2)",
     )
     add("--seed", type=int, default=0, help="seed of weights and batches (default: 0)")
-    add(
-        "--profile",
-        action="store_true",
-        help="also print torch.profiler tables of one training step and one beam decode",
-    )
-    add("--profile-top", type=int, default=20, help="ops per profiler table (default: 20)")
     add("--json", type=Path, default=None, metavar="PATH", help="write all results here")
     real = p.add_argument_group(
         "real sentences (--run): a trained model on a test set instead of the synthetic runs"
@@ -1172,8 +1190,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             report["decode"] += bench_decode(setup, precision)
     if report["train"] and not gpu:
         cpu_train_memory(setup, report["train"])
-    if args.profile:
-        profile(setup)
     report["goals"] = goals(report)
     if report["goals"]:
         print(f"\n== goals vs transformers on {device} (ours/transformers)")
