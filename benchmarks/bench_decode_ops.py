@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 import torch
 
 from benchmarks import peers
 from decoding.search import topk
 
-
-def compare(name: str, ours, theirs, repeats: int) -> None:
-    """Median microseconds per call of each (`benchmarks.peers.compare_ops`)."""
-    peers.compare_ops(name, ours, theirs, repeats, peers.OpTable(unit="us", warmup=3, width=42))
+compare = partial(peers.compare_ops, table=peers.OpTable(unit="us", warmup=3, width=42))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,11 +8,10 @@ whether scoring the beam's own n-best lists gives the search's scores back.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from benchmarks import peers
 from common.errors import exit_status
 from common.files import read_lines
 from common.memory import keep_freed_memory
@@ -42,23 +41,20 @@ def run(argv: list[str] | None) -> None:
     cfg = SearchConfig(beam_size=args.beam, nbest=args.beam, batch_size=args.batch_size)
     translator = Translator(model, tokenizer, cfg)
 
-    times: dict[str, list[float]] = {"beam search": [], "score references": []}
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        nbest = translator.translate_nbest(src)
-        times["beam search"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        translator.score(src, refs)
-        times["score references"].append(time.perf_counter() - start)
+    out: dict[str, list] = {}
+    runs = {
+        "beam search": lambda: out.update(nbest=translator.translate_nbest(src)),
+        "score references": lambda: translator.score(src, refs),
+    }
+    times = peers.interleaved(runs, args.repeats)
+    nbest = out["nbest"]
     print(
         f"{len(src)} sentences, beam {args.beam}, batch {args.batch_size}, {args.threads} threads"
     )
-    rates = {}
-    for name, seconds in times.items():
-        rates[name] = [len(src) / s for s in seconds]
-        lo, mid, hi = min(rates[name]), statistics.median(rates[name]), max(rates[name])
-        print(f"{name:>18}: {mid:8.1f} sentences/s (range {lo:.1f}-{hi:.1f})")
-    speedup = statistics.median(rates["score references"]) / statistics.median(rates["beam search"])
+    rates = {name: peers.Spread.of([len(src) / s for s in times[name]]) for name in times}
+    for name, r in rates.items():
+        print(f"{name:>18}: {r.median:8.1f} sentences/s (range {r.low:.1f}-{r.high:.1f})")
+    speedup = rates["score references"].median / rates["beam search"].median
     print(f"scoring / beam search: {speedup:.1f}x")
 
     # The search's own n-best lists, scored: from the ids, and from the text (re-tokenized).

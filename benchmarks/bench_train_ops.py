@@ -12,6 +12,7 @@ forward + backward per case, interleaved (A B, B A, ...), and ours / PyTorch's.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +34,7 @@ def autograd_loss(logits, target, eps):
     return (1.0 - eps) * nll + eps * smooth.masked_fill(~keep, 0.0).sum()
 
 
-def compare(name: str, ours, theirs, repeats: int) -> None:
-    """Median milliseconds of each, timed interleaved (`benchmarks.peers.compare_ops`)."""
-    peers.compare_ops(name, ours, theirs, repeats, peers.OpTable(unit="ms", warmup=1, width=34))
+compare = partial(peers.compare_ops, table=peers.OpTable(unit="ms", warmup=1, width=34))
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks import peers
 from common.errors import UserError
 from common.files import read_lines
 from decoding import SearchConfig, TextHypothesis, Translator
@@ -93,21 +94,18 @@ def speed(
             translators = {name: Translator(m, tokenizer, cfg) for name, m in models.items()}
             for translator in translators.values():  # warm-up on a few sentences
                 translator.translate_nbest(lines[: min(len(lines), 2 * batch_size, 16)])
-            times: dict[str, list[float]] = {name: [] for name in translators}
-            outputs: dict[str, list[list[TextHypothesis]]] = {}
-            names = list(translators)
-            for r in range(max(1, repeats)):  # interleaved, alternating who goes first
-                for name in names[r % 2 :] + names[: r % 2]:
-                    start = time.perf_counter()
-                    hyps = translators[name].translate_nbest(lines)
-                    times[name].append(time.perf_counter() - start)
-                    outputs.setdefault(name, hyps)  # the first run's tokens are compared
+            outputs: dict[str, list[list[TextHypothesis]]] = {}  # the first run's are compared
+            runs = {  # interleaved, alternating who goes first
+                name: lambda n=name, t=t, o=outputs: o.setdefault(n, t.translate_nbest(lines))
+                for name, t in translators.items()
+            }
+            times = peers.interleaved(runs, max(1, repeats))
             row: dict[str, Any] = {
                 "search": search_name(beam),
                 "beam": beam,
                 "batch_size": batch_size,
             }
-            for name in names:
+            for name in translators:
                 median = statistics.median(times[name])
                 row[name] = {
                     "times_s": times[name],

@@ -19,8 +19,8 @@ What is timed (each model gets the same random batch, the same precision, the sa
 * decoding: greedy and beam 5 on a fixed batch of random sources. Random weights would stop at
   random lengths, so EOS is forbidden for the first L steps and forced at step L+1 for both:
   ours (`engine.Engine(model)`, what `translate.py` runs) through a wrapper that masks the
-  EOS logit while `offset < L` (`max_len_a=0`,
-  `max_len_b=L`: the search forces EOS at the budget), `MarianMTModel.generate` through
+  EOS logit while `offset < L` (`max_len_a=0`, `max_len_b=L`: the search forces EOS at the
+  budget), `MarianMTModel.generate` through
   `min_new_tokens=L, max_new_tokens=L+1, forced_eos_token_id` (`use_cache=True`,
   `do_sample=False`, the same `num_beams`, length penalty 1, pad/bos suppressed as ours does).
   Every sentence thus gets L tokens + EOS from both (checked); target tokens/s counts L + 1 per
@@ -29,8 +29,6 @@ What is timed (each model gets the same random batch, the same precision, the sa
   max_decoding_length = L + 1`, the same number of decoder steps (checked: L + 1 tokens each);
   ours int8 (`engine.Engine(model, "int8")`, what `--quantize int8` runs) decodes beside it.
   `--activation silu --preset base --vocab 58101` gives OPUS-MT en-de's shape.
-  Forced lengths give every system the same work, but they hide what a search earns on real
-  input by dropping finished sentences from the batch: `--run` measures that.
 * real sentences (`--run DIR --src FILE [--ref FILE]`, instead of the above): a trained run's
   `checkpoints/best.pt` decodes the sentences with ours as `translate.py` searches (fp32, and
   `--quantize int8`), `MarianMTModel.generate` on our weights, and CTranslate2 float32 and
@@ -39,21 +37,17 @@ What is timed (each model gets the same random batch, the same precision, the sa
   (`benchmarks.peers`, shared with `benchmarks/export_speed.py`). `--cpu-kinds native,avx2`
   runs every system once more capped to AVX2 (`peers.CPU_KINDS`: environment variables of
   its worker process only), all interleaved in one run, with a table per kind.
-* GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) =
-  achieved training FLOP/s over the bf16 matmul peak measured here with a big matmul, and
-  over the datasheet bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other
-  GPUs). Model
-  FLOPs per step = 6 x (weight-matrix parameters x the tokens they see: encoder and cross-K/V
-  on source tokens, decoder and output layer on target tokens) + 6 x attention score/value
-  matmuls (2 x q_len x k_len x d_model per layer and sentence), all on non-pad tokens.
+* GPU only: bf16 autocast and torch.compile variants, and model FLOPs utilisation (MFU) = achieved
+  training FLOP/s over the bf16 matmul peak measured here with a big matmul, and over the datasheet
+  bf16 dense peak of the GPU (`DATASHEET_BF16_FLOPS`; "unknown" for other GPUs). Model FLOPs per
+  step = 6 x (weight-matrix parameters x the tokens they see: encoder and cross-K/V on source
+  tokens, decoder and output layer on target tokens) + 6 x attention score/value matmuls (2 x q_len
+  x k_len x d_model per layer and sentence), all on non-pad tokens.
 
-Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, C A B, ...)
-so that machine noise hits every model alike; medians are reported with their min-max range,
-and the ratio ours/peer (> 1: ours is faster) is printed last for each measurement as the
-median and range of the per-repeat ratios (one round of the interleaving each).
-`--batch-tokens` budgets a batch as
-the trainer does (`B * max(S, T) <= batch_tokens`, padding included); sentence lengths are
-uniform in [max_len/2, max_len] on each side.
+Warm-up calls first, then repeats interleaved with a rotating order (A B C, B C A, ...):
+medians, ranges and ratios as docs/benchmarks.md, "How to read the figures", says.
+`--batch-tokens` budgets a batch as the trainer does (`B * max(S, T) <= batch_tokens`, padding
+included); sentence lengths are uniform in [max_len/2, max_len] on each side.
 
 CPU defaults (a few minutes on 2 cores): preset tiny, 2048-token batches (the default Multi30k
 run's), 64 sentences decoded to 24 tokens, fp32 eager. GPU defaults: preset base, 4096- and
@@ -74,6 +68,7 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import importlib
 import json
 import math
 import platform
@@ -192,20 +187,12 @@ def model_config(
     return cfg, source
 
 
-def transformers_version() -> str | None:
+def version(name: str) -> str | None:
+    """The installed version of package `name`, None when it does not import."""
     try:
-        import transformers
+        return importlib.import_module(name).__version__
     except ImportError:
         return None
-    return transformers.__version__
-
-
-def ctranslate2_version() -> str | None:
-    try:
-        import ctranslate2
-    except ImportError:
-        return None
-    return ctranslate2.__version__
 
 
 @torch.no_grad()
@@ -800,8 +787,8 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         f"{', '.join(peers.search_name(b) for b in args.beams)} (translate.py's defaults: "
         f"budget int({cfgs[0].max_len_a} * src_len + {cfgs[0].max_len_b}), length penalty "
         f"{cfgs[0].length_penalty}), batches of {args.decode_batch}, {threads} threads{parallel}; "
-        f"torch {torch.__version__}, transformers {transformers_version() or 'not installed'}, "
-        f"ctranslate2 {ctranslate2_version() or 'not installed'}; 1 warm-up batch, "
+        f"torch {torch.__version__}, transformers {version('transformers') or 'not installed'}, "
+        f"ctranslate2 {version('ctranslate2') or 'not installed'}; 1 warm-up batch, "
         f"{args.repeats} interleaved repeats, ids in and out (SentencePiece not timed), each "
         f"system in a process of its own; CPU: {peers.cpu_model()}"
     )
@@ -886,8 +873,8 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
             "cpu_kinds": args.cpu_kinds,
             "repeats": args.repeats,
             "torch": torch.__version__,
-            "transformers": transformers_version(),
-            "ctranslate2": ctranslate2_version(),
+            "transformers": version("transformers"),
+            "ctranslate2": version("ctranslate2"),
             "device_name": peers.cpu_model(),
             "platform": platform.platform(),
             "skipped": skipped,
@@ -1084,13 +1071,13 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     unknown = [p for p in args.peers if p not in (MARIAN, TORCH, CT2)]
     if unknown:
         raise UserError(f"unknown peer(s) {unknown}; use {MARIAN},{TORCH},{CT2}")
-    if MARIAN in args.peers and transformers_version() is None:
+    if MARIAN in args.peers and version("transformers") is None:
         print(
             "NOTE: `transformers` is not installed, so the MarianMTModel peer is skipped "
             "(install it with: pip install -e '.[bench]')."
         )
         args.peers = [p for p in args.peers if p != MARIAN]
-    if CT2 in args.peers and ctranslate2_version() is None:
+    if CT2 in args.peers and version("ctranslate2") is None:
         print(
             "NOTE: `ctranslate2` is not installed, so the CTranslate2 columns are skipped "
             f"(install it with: {INSTALL_HINT})."
@@ -1135,7 +1122,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(
         f"device={device} threads={torch.get_num_threads()} torch {torch.__version__} "
-        f"transformers {transformers_version() or 'not installed'}; peers: "
+        f"transformers {version('transformers') or 'not installed'}; peers: "
         f"{', '.join(args.peers) or 'none'}; variants: {', '.join(args.variants)}"
     )
     if not gpu:
@@ -1160,7 +1147,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             "device_name": device_name,
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
-            "transformers": transformers_version(),
+            "transformers": version("transformers"),
             "python": platform.python_version(),
             "platform": platform.platform(),
             "peers": args.peers,

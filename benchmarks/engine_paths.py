@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+from functools import partial
 
 import torch
 from torch import nn
 
+from benchmarks import peers
 from checkpoint import load_for_inference
 from common.files import read_lines
 from common.memory import keep_freed_memory
@@ -84,22 +85,15 @@ def main() -> None:
     for beam in (int(b) for b in args.beams.split(",")):
         cfg = SearchConfig(beam_size=beam)
         names = [n for n in table if beam == 1 or n != "no continuous batching"]
-        seconds: dict[str, list[float]] = {n: [] for n in names}
-        ids: dict[str, list] = {}
-        for name in names:  # warm-up, and the ids
-            nbest = Translator(table[name], tokenizer, cfg).translate_nbest(lines)
-            ids[name] = [n[0].tokens for n in nbest]
-        for r in range(args.repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                translator = Translator(table[name], tokenizer, cfg)
-                start = time.perf_counter()
-                translator.translate_nbest(lines)
-                seconds[name].append(time.perf_counter() - start)
+        runs = {
+            n: partial(Translator(table[n], tokenizer, cfg).translate_nbest, lines) for n in names
+        }
+        ids = {n: [b[0].tokens for b in run()] for n, run in runs.items()}  # warm-up, and the ids
+        seconds = peers.interleaved(runs, args.repeats)  # every variant once a repeat, rotating
         print(f"\nbeam {beam}: {'variant':<24} {'sent/s':>8}  {'variant/engine time':>20}  ids")
         for name in names:
-            ratios = [v / e for v, e in zip(seconds[name], seconds["engine"], strict=True)]
             rate = len(lines) / statistics.median(seconds[name])
-            spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+            spread = peers.ratio_spread(seconds["engine"], seconds[name]).format(".3f")
             same = "same" if ids[name] == ids["engine"] else "differ"
             print(f"beam {beam}: {name:<24} {rate:8.1f}  {spread:>20}  {same}")
 

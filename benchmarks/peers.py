@@ -164,9 +164,10 @@ class Isolated:
     loaded (`LD_DEBUG=bindings`), so in one process both share one OpenMP runtime. Once
     CTranslate2 has made its own thread team, that runtime manages more threads than there are
     CPUs and throttles spin-waiting (libgomp's throttled spin count), so torch's worker threads
-    sleep between parallel regions. `benchmarks/check_peer_interference.py` (2 threads, greedy,
-    512 test2016 sentences): ours 296-343 sent/s before a CTranslate2 call in the
-    same process, 192-214 after it (0.56-0.72x), for as long as the process lives, with
+    sleep between parallel regions. A check run once (2 threads, greedy, 512 test2016
+    sentences; its script, `benchmarks/check_peer_interference.py`, removed after c0a6333):
+    ours 296-343 sent/s before a CTranslate2 call in the same process, 192-214 after it
+    (0.56-0.72x), for as long as the process lives, with
     torch's second thread busy about half of each call instead of all of it;
     `OMP_WAIT_POLICY=PASSIVE` alone gives the same slowdown. Users run one system per
     process, so the benchmark does too.

@@ -374,17 +374,6 @@ def test_bench_decode_ops_prints_every_comparison() -> None:
     assert compared_ops(out) == ["top-1", "top-4", "log_softmax"], out
 
 
-def test_check_peer_interference_runs_as_a_command(trained_run: tuple[Path, Path, Path]) -> None:
-    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
-    run, src, _ = trained_run
-    files = ["-c", str(run), "--src", str(src)]
-    small = "--limit 8 --threads 1 --repeats 1".split()
-    out = run_script("check_peer_interference", *files, *small)
-    names = [line.split("  ")[0] for line in out.splitlines() if "sent/s" in line]
-    assert names == ["ours", "ctranslate2", "ours, after"], out
-    assert "/ before:" in out.splitlines()[-1]
-
-
 def test_bench_malloc_compares_both_settings(trained_run: tuple[Path, Path, Path]) -> None:
     run, src, _ = trained_run
     files = ["-c", str(run), "--src", str(src)]
