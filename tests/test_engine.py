@@ -126,6 +126,7 @@ def test_packed_engine_computes_the_models_logits(norm_first: bool, tiny_model) 
     assert len({len(n[0].tokens) for n in want}) > 1  # not a degenerate model
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 def test_packing_follows_the_cpu_and_the_width(tiny_model, monkeypatch) -> None:
     """On AMD CPUs the output projection is packed, and the decoder's layers too (searches on
     the one-token step) in models at least `PACKED_DECODER_WIDTH` wide; int8 and pack=False
