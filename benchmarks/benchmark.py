@@ -755,7 +755,7 @@ def decode_one(
 
 # ------------------------------------------------------------------------ real sentences
 
-ATTNMT, ATTNMT_INT8 = "attnmt", "attnmt int8"
+ATTNMT, ATTNMT_INT8, ATTNMT_MALLOC = "attnmt", "attnmt int8", "attnmt (malloc defaults)"
 
 
 def bench_real(args: argparse.Namespace) -> dict[str, Any]:
@@ -800,11 +800,13 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     def named(name: str, kind: str) -> str:
         return name if kind == args.cpu_kinds[0] else f"{name} [{kind}]"
 
+    ours = [(ATTNMT, "none", True), (ATTNMT_INT8, "int8", True)]  # True: keep_freed_memory
+    ours += [(ATTNMT_MALLOC, "none", False)] if args.malloc_defaults else []
     for kind, env in kinds.items():
-        for name, quantize in ((ATTNMT, "none"), (ATTNMT_INT8, "int8")):
+        for name, quantize, keep_memory in ours:
             systems[named(name, kind)] = peers.Isolated(
                 peers.ours_from_checkpoint,
-                (str(path), quantize, args.inter_threads),
+                (str(path), quantize, args.inter_threads, keep_memory),
                 threads,
                 env["ours"],
             )
@@ -1024,6 +1026,12 @@ def build_parser() -> argparse.ArgumentParser:
         "searches one batch at a time (default: 1)",
     )
     real.add_argument(
+        "--malloc-defaults",
+        action="store_true",
+        help="also time ours with glibc's default malloc settings instead of keep_freed_memory, "
+        "in a worker of its own: what common.memory's choice earns",
+    )
+    real.add_argument(
         "--cpu-kinds",
         type=csv(str),
         default=["native"],
@@ -1050,6 +1058,8 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     unknown_kinds = [k for k in args.cpu_kinds if k not in peers.CPU_KINDS]
     if unknown_kinds or not args.cpu_kinds:
         raise UserError(f"--cpu-kinds takes {', '.join(peers.CPU_KINDS)}, got {args.cpu_kinds}")
+    if args.malloc_defaults and args.run is None:
+        raise UserError("--malloc-defaults needs --run and --src (real sentences)")
     if args.cpu_kinds != ["native"] and args.run is None:
         raise UserError("--cpu-kinds needs --run and --src (real sentences)")
     if args.threads is not None and args.threads < 1:

@@ -374,25 +374,21 @@ def test_bench_decode_ops_prints_every_comparison() -> None:
     assert compared_ops(out) == ["top-1", "top-4", "log_softmax"], out
 
 
-def test_bench_malloc_compares_both_settings(trained_run: tuple[Path, Path, Path]) -> None:
-    run, src, _ = trained_run
-    files = ["-c", str(run), "--src", str(src)]
-    small = "--limit 8 --beams 1 --threads 1 --repeats 1".split()
-    out = run_script("bench_malloc", *files, *small)
+def test_real_mode_malloc_defaults_times_ours_without_keep_freed_memory(
+    trained_run: tuple[Path, Path, Path], capsys: pytest.CaptureFixture
+) -> None:
+    flags = real_flags(
+        trained_run, "--peers", "nn.Transformer", "--beams", "1", "--malloc-defaults"
+    )
+    with single_thread():
+        report = benchmark.run(flags)
+    out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
-    assert [row.split(" | ")[0][2:] for row in rows] == ["keep freed memory", "malloc defaults"]
-    assert "8/8" in out  # the same ids either way
-
-
-def test_bench_malloc_names_a_missing_checkpoint(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "benchmarks.bench_malloc", "-c", str(tmp_path / "no.pt")]
-    command += ["--src", str(tmp_path / "src.txt")]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and proc.stdout == ""
-    assert proc.stderr.splitlines() == [
-        f"bench_malloc.py: error: checkpoint not found: {tmp_path / 'no.pt'}; pass a run dir or "
-        "a .pt file with -c"
-    ]
+    names = ["attnmt", "attnmt int8", "attnmt (malloc defaults)"]
+    assert [row.split(" | ")[0][2:] for row in rows] == names
+    assert list(report["systems"]) == names
+    n = report["meta"]["sentences"]  # the same ids either way
+    assert report["systems"]["attnmt (malloc defaults)"]["greedy"]["same_ids_as_ours"] == n
 
 
 def test_engine_paths_times_every_variant_with_the_same_ids(
