@@ -107,14 +107,15 @@ class Engine(nn.Module):
             raise ValueError(
                 f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
             )
-        pack_decoder = bool(pack)
-        if pack is None:
-            pack = quantize == "none" and device.type == "cpu" and packing_pays()
-            pack_decoder = pack and model.cfg.d_model >= PACKED_DECODER_WIDTH
-        elif pack and (quantize != "none" or device.type != "cpu"):
+        if pack and (quantize != "none" or device.type != "cpu"):
             raise ValueError(
                 "pack=True packs float32 CPU layers: not with int8 or on another device"
             )
+        if pack is None:  # what paid: see the class docstring
+            pack = quantize == "none" and device.type == "cpu" and packing_pays()
+            pack_decoder = pack and model.cfg.d_model >= PACKED_DECODER_WIDTH
+        else:
+            pack_decoder = pack
         self.model = model
         self.cfg = model.cfg  # the model's shape, as `Transformer.cfg`
         self.int8 = quantize == "int8"
