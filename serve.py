@@ -7,14 +7,13 @@
 
 The model is loaded once; requests that arrive together are translated in one batch on one
 model thread. SIGTERM or Ctrl-C answers the requests already received, then exits 0. The API,
-its options, limits and errors are in docs/serving.md; the flags and the run in `server/cli.py`.
+its options, limits and errors are in docs/serving.md; the command in `cli/serve.py`
+(`attnmt.cli.serve`, `attnmt-serve`).
 """
-
-from __future__ import annotations
 
 import sys
 
-from server.cli import main
+from attnmt.cli.serve import main
 
 if __name__ == "__main__":
     sys.exit(main())

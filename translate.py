@@ -12,23 +12,13 @@
 One translation per input line, in order (an empty line gives an empty line), written as the
 input is read: a file `--buffer-size` lines at a time, a pipe or terminal line by line. Every
 user mistake ends with one line on stderr, `translate.py: error: <problem>; <fix>`, and exit
-status 1 (2 for bad flags), never a traceback. The flags and the run live in `decoding/cli.py`.
+status 1 (2 for bad flags), never a traceback. The command lives in `cli/translate.py`
+(`attnmt.cli.translate`, `attnmt-translate`).
 """
 
-from __future__ import annotations
-
-import logging
 import sys
 
-from common.errors import exit_status
-from decoding.cli import PROG, build_parser, run
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
-    return exit_status(PROG, lambda: run(args))
-
+from attnmt.cli.translate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from model import ModelConfig, Transformer
+from attnmt.model import ModelConfig, Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -76,9 +76,9 @@ def measure(overrides: list[str]) -> dict:
     """The data stages of `train.py` and its first batch, in this process."""
     import torch
 
-    from scripts.prepare_data import compose_config, prepare
-    from training import build
-    from training.distributed import DistContext
+    from attnmt.cli.prepare_data import compose_config, prepare
+    from attnmt.training import build
+    from attnmt.training.distributed import DistContext
 
     cfg = compose_config(overrides)
     peak_after: dict[str, float] = {}  # the main process's peak RSS at the end of each stage
@@ -165,7 +165,7 @@ def main() -> int:
         cache = args.one.parent / f"{args.one.name}.cache"
         shutil.rmtree(cache, ignore_errors=True)
         row = measure([*overrides, f"data.dir={args.one}", f"data.cache_dir={cache}"])
-        from scripts.prepare_data import du_mib
+        from attnmt.cli.prepare_data import du_mib
 
         row["cache_mib"] = du_mib(cache)
         print("RESULT " + json.dumps(row), flush=True)

@@ -19,8 +19,8 @@ from functools import partial
 
 import torch
 
+from attnmt.decoding.search import topk
 from benchmarks import peers
-from decoding.search import topk
 
 compare = partial(peers.compare_ops, table=peers.OpTable(unit="us", warmup=3, width=42))
 

@@ -11,13 +11,13 @@ import argparse
 
 import torch
 
+from attnmt.common.errors import exit_status
+from attnmt.common.files import read_lines
+from attnmt.common.memory import keep_freed_memory
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.translator import Translator
+from attnmt.engine import load_engine
 from benchmarks import peers
-from common.errors import exit_status
-from common.files import read_lines
-from common.memory import keep_freed_memory
-from decoding.config import SearchConfig
-from decoding.translator import Translator
-from engine import load_engine
 
 
 def main(argv: list[str] | None = None) -> int:

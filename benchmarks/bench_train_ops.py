@@ -17,8 +17,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from attnmt.model.kernels import dropout, label_smoothed_cross_entropy
 from benchmarks import peers
-from model.kernels import dropout, label_smoothed_cross_entropy
 
 PAD = 0
 

@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnmt.common.errors import UserError
+from attnmt.common.files import read_lines
+from attnmt.decoding import SearchConfig, TextHypothesis, Translator
+from attnmt.decoding.uncached import UncachedModel
+from attnmt.evaluation.bleu import corpus_bleu, corpus_chrf
+from attnmt.model import Transformer
 from benchmarks import peers
-from common.errors import UserError
-from common.files import read_lines
-from decoding import SearchConfig, TextHypothesis, Translator
-from decoding.uncached import UncachedModel
-from evaluation.bleu import corpus_bleu, corpus_chrf
-from model import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     """Everything `main` does; user mistakes raise `UserError`."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    from checkpoint import load_for_inference
+    from attnmt.checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(args.checkpoint, args.device)
     model.eval()

@@ -82,19 +82,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnmt.common.errors import UserError, exit_status
+from attnmt.common.runtime import DATASHEET_BF16_FLOPS, autocast, datasheet_gpu
+from attnmt.data.batching import Batch, collate
+from attnmt.data.tokenizer import SpecialIds
+from attnmt.decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
+from attnmt.engine import Engine
+from attnmt.exporting.ct2 import ct2_target_ids, ct2_translate, export_ct2
+from attnmt.exporting.hf import check_marian, to_marian
+from attnmt.exporting.shared import INSTALL_HINT, require
+from attnmt.model import ModelConfig, SinusoidalPositionalEncoding, Transformer
+from attnmt.model.config import ACTIVATIONS
+from attnmt.model.kernels import label_smoothed_cross_entropy
 from benchmarks import peers
-from common.errors import UserError, exit_status
-from common.runtime import DATASHEET_BF16_FLOPS, autocast, datasheet_gpu
-from data.batching import Batch, collate
-from data.tokenizer import SpecialIds
-from decoding.search import SearchConfig, SearchResult, beam_search, greedy_search
-from engine import Engine
-from exporting.ct2 import ct2_target_ids, ct2_translate, export_ct2
-from exporting.hf import check_marian, to_marian
-from exporting.shared import INSTALL_HINT, require
-from model import ModelConfig, SinusoidalPositionalEncoding, Transformer
-from model.config import ACTIVATIONS
-from model.kernels import label_smoothed_cross_entropy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -761,10 +761,10 @@ ATTNMT, ATTNMT_INT8, ATTNMT_MALLOC = "attnmt", "attnmt int8", "attnmt (malloc de
 def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     """A trained model on real sentences: ours, ours int8, transformers and CTranslate2
     fp32/int8 at every --beams, through `benchmarks.peers` (one table)."""
-    from checkpoint import load_for_inference, resolve_checkpoint
-    from common.files import read_src_ref
-    from decoding.config import SearchConfig as Config
-    from evaluation.bleu import corpus_bleu
+    from attnmt.checkpoint import load_for_inference, resolve_checkpoint
+    from attnmt.common.files import read_src_ref
+    from attnmt.decoding.config import SearchConfig as Config
+    from attnmt.evaluation.bleu import corpus_bleu
 
     if args.device != "cpu":
         raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")

@@ -29,14 +29,14 @@ from functools import partial
 import torch
 from torch import nn
 
+from attnmt.checkpoint import load_for_inference
+from attnmt.common.files import read_lines
+from attnmt.common.memory import keep_freed_memory
+from attnmt.decoding import SearchConfig, Translator
+from attnmt.engine import Engine
+from attnmt.engine.cache import StepKVCache
+from attnmt.engine.engine import PackedLinear
 from benchmarks import peers
-from checkpoint import load_for_inference
-from common.files import read_lines
-from common.memory import keep_freed_memory
-from decoding import SearchConfig, Translator
-from engine import Engine
-from engine.cache import StepKVCache
-from engine.engine import PackedLinear
 
 
 class StepEngine(Engine):

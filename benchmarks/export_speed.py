@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
+from attnmt.checkpoint import load_for_inference, resolve_checkpoint
+from attnmt.common.errors import exit_status
+from attnmt.common.files import read_src_ref
+from attnmt.decoding.config import SearchConfig
+from attnmt.evaluation.bleu import corpus_bleu
+from attnmt.exporting.ct2 import export_ct2
 from benchmarks import peers
-from checkpoint import load_for_inference, resolve_checkpoint
-from common.errors import exit_status
-from common.files import read_src_ref
-from decoding.config import SearchConfig
-from evaluation.bleu import corpus_bleu
-from exporting.ct2 import export_ct2
 
 PROG = "benchmarks.export_speed"
 

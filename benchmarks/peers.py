@@ -43,13 +43,13 @@ from typing import Any
 
 import torch
 
-from common.errors import UserError
-from data.tokenizer import Tokenizer
-from decoding.config import SearchConfig
-from decoding.translator import Translator, length_sorted_batches
-from exporting.ct2 import ct2_batch_options, ct2_target_ids
-from exporting.hf import hf_generate, to_marian
-from exporting.shared import budgets, require
+from attnmt.common.errors import UserError
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.translator import Translator, length_sorted_batches
+from attnmt.exporting.ct2 import ct2_batch_options, ct2_target_ids
+from attnmt.exporting.hf import hf_generate, to_marian
+from attnmt.exporting.shared import budgets, require
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
@@ -202,8 +202,8 @@ def ours_from_checkpoint(
     as `translate.py` sets up its own on the CPU (`common.memory.keep_freed_memory`, unless
     `keep_memory=False`): call it in a worker (`Isolated`), since that setting is
     process-wide."""
-    from common.memory import keep_freed_memory
-    from engine import load_engine
+    from attnmt.common.memory import keep_freed_memory
+    from attnmt.engine import load_engine
 
     if keep_memory:
         keep_freed_memory()
@@ -213,7 +213,7 @@ def ours_from_checkpoint(
 
 def transformers_from_checkpoint(path: str) -> Search:
     """`transformers_system` on a checkpoint's weights."""
-    from checkpoint import load_for_inference
+    from attnmt.checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(path, "cpu")
     return transformers_system(model, tokenizer)
@@ -228,7 +228,7 @@ def ct2_from_folder(
     CTranslate2 with 2 intra-op threads ran at 151-192 sent/s greedy instead of 314-341 on
     512 test2016 sentences (`import torch` alone: no change; the machine of the figure under
     `Isolated`), the other side of the shared OpenMP runtime described under `Isolated`."""
-    from checkpoint import load_checkpoint, stored_tokenizer
+    from attnmt.checkpoint import load_checkpoint, stored_tokenizer
 
     tokenizer = stored_tokenizer(load_checkpoint(checkpoint), checkpoint)
     return ct2_system(Path(folder), tokenizer, threads, inter_threads)

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from common.files import read_lines
-from decoding import SearchConfig, Translator
+from attnmt.common.files import read_lines
+from attnmt.decoding import SearchConfig, Translator
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    from engine import load_engine
+    from attnmt.engine import load_engine
 
     model, tokenizer = load_engine([args.checkpoint], "cpu", args.quantize)  # as translate.py
     lines = read_lines(args.input, "--input")[: args.limit]

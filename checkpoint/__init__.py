@@ -2,7 +2,7 @@
 building the model (`build_model`: fresh for training, or with a checkpoint's weights) and the
 tokenizer a checkpoint holds (`checkpoint.format`)."""
 
-from checkpoint.format import (
+from attnmt.checkpoint.format import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointWriteError,

@@ -33,11 +33,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from common.errors import UserError
-from common.files import atomic_write
-from data.errors import DataError
-from data.tokenizer import Tokenizer
-from model import ModelConfig, Transformer
+from attnmt.common.errors import UserError
+from attnmt.common.files import atomic_write
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
 

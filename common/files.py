@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from common.errors import UserError
+from attnmt.common.errors import UserError
 
 
 @contextmanager

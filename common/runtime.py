@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from common.errors import UserError
+from attnmt.common.errors import UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the autocast dtype of a precision
 

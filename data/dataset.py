@@ -33,7 +33,7 @@ import datasets
 from datasets.arrow_writer import ArrowWriter
 from tqdm import tqdm
 
-from common.files import atomic_write
+from attnmt.common.files import atomic_write
 
 from .errors import DataError
 from .tokenizer import Tokenizer, check_tag

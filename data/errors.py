@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.errors import UserError
+from attnmt.common.errors import UserError
 
 
 class DataError(UserError):

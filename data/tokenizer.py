@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import sentencepiece as spm
 from tqdm import tqdm
 
-from common.files import atomic_write
+from attnmt.common.files import atomic_write
 
 from .errors import DataError
 

@@ -14,17 +14,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOME = {
-    "SearchConfig": "decoding.config",
-    "Ensemble": "decoding.ensemble",
-    "Hypothesis": "decoding.search",
-    "SearchResult": "decoding.search",
-    "beam_search": "decoding.search",
-    "greedy_search": "decoding.search",
-    "length_penalty_divisor": "decoding.search",
-    "max_lengths": "decoding.search",
-    "SentenceAttention": "decoding.translator",
-    "TextHypothesis": "decoding.translator",
-    "Translator": "decoding.translator",
+    "SearchConfig": "attnmt.decoding.config",
+    "Ensemble": "attnmt.decoding.ensemble",
+    "Hypothesis": "attnmt.decoding.search",
+    "SearchResult": "attnmt.decoding.search",
+    "beam_search": "attnmt.decoding.search",
+    "greedy_search": "attnmt.decoding.search",
+    "length_penalty_divisor": "attnmt.decoding.search",
+    "max_lengths": "attnmt.decoding.search",
+    "SentenceAttention": "attnmt.decoding.translator",
+    "TextHypothesis": "attnmt.decoding.translator",
+    "Translator": "attnmt.decoding.translator",
 }
 
 __all__ = [  # the keys of _HOME
@@ -42,9 +42,9 @@ __all__ = [  # the keys of _HOME
 ]
 
 if TYPE_CHECKING:
-    from decoding.config import SearchConfig
-    from decoding.ensemble import Ensemble
-    from decoding.search import (
+    from attnmt.decoding.config import SearchConfig
+    from attnmt.decoding.ensemble import Ensemble
+    from attnmt.decoding.search import (
         Hypothesis,
         SearchResult,
         beam_search,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
         length_penalty_divisor,
         max_lengths,
     )
-    from decoding.translator import SentenceAttention, TextHypothesis, Translator
+    from attnmt.decoding.translator import SentenceAttention, TextHypothesis, Translator
 
 
 def __getattr__(name: str) -> Any:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from model.transformer import AttentionMaps
+from attnmt.model.transformer import AttentionMaps
 
 
 class Ensemble(nn.Module):

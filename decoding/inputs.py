@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import BinaryIO
 
-from common.errors import UserError
-from common.files import decode_line, iter_lines
+from attnmt.common.errors import UserError
+from attnmt.common.files import decode_line, iter_lines
 
 STDIN = "standard input"
 _READ_SIZE = 1 << 16  # bytes per os.read: one full Linux pipe buffer

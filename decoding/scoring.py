@@ -17,10 +17,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from data.batching import encode_source_batch, pad_rows
-from decoding.config import SearchConfig
-from decoding.search import Seq2SeqModel, SpecialTokens, length_penalty_divisor
-from model.attention import padding_mask
+from attnmt.data.batching import encode_source_batch, pad_rows
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.search import Seq2SeqModel, SpecialTokens, length_penalty_divisor
+from attnmt.model.attention import padding_mask
 
 
 class TokenScores(NamedTuple):

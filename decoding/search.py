@@ -47,8 +47,8 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from decoding.config import LP_TYPES, LengthPenaltyType, SearchConfig
-from model.attention import padding_mask
+from attnmt.decoding.config import LP_TYPES, LengthPenaltyType, SearchConfig
+from attnmt.model.attention import padding_mask
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from common import runtime
-from data.batching import encode_source_batch, pad_rows
-from data.tokenizer import Tokenizer
-from decoding.alignment import Alignment, word_alignment
-from decoding.scoring import TokenScores, score_batch
-from decoding.search import (
+from attnmt.common import runtime
+from attnmt.data.batching import encode_source_batch, pad_rows
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding.alignment import Alignment, word_alignment
+from attnmt.decoding.scoring import TokenScores, score_batch
+from attnmt.decoding.search import (
     Hypothesis,
     SearchConfig,
     beam_search,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from model import Transformer
+from attnmt.model import Transformer
 
 
 class PrefixCache:

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 
 from torch import Tensor
 
-from model.attention import KVCache
+from attnmt.model.attention import KVCache
 
 
 class StepCache(Protocol):

@@ -26,20 +26,20 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from data.batching import encode_source_batch
-from decoding.config import SearchConfig
-from decoding.search import (
+from attnmt.data.batching import encode_source_batch
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.search import (
     Hypothesis,
     SpecialTokens,
     length_penalty_divisor,
     max_lengths,
     pick_tokens,
 )
-from engine.cache import SlotCache, SlotStep, widened
-from model.attention import padding_mask
+from attnmt.engine.cache import SlotCache, SlotStep, widened
+from attnmt.model.attention import padding_mask
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    from attnmt.engine.engine import Engine
 
 
 class _Sentence:

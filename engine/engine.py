@@ -46,14 +46,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from decoding.config import SearchConfig
-from decoding.search import Hypothesis, SpecialTokens
-from engine.cache import StepCache, StepKVCache
-from engine.continuous import continuous_greedy_search
-from engine.int8 import quantize_linears
-from model.attention import attention, padding_mask, split_heads
-from model.layers import rows_per_sentence
-from model.transformer import AttentionMaps, Transformer
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.search import Hypothesis, SpecialTokens
+from attnmt.engine.cache import StepCache, StepKVCache
+from attnmt.engine.continuous import continuous_greedy_search
+from attnmt.engine.int8 import quantize_linears
+from attnmt.model.attention import attention, padding_mask, split_heads
+from attnmt.model.layers import rows_per_sentence
+from attnmt.model.transformer import AttentionMaps, Transformer
 
 
 class Rows(nn.Module):

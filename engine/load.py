@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from checkpoint import CheckpointError, load_for_inference
-from data.tokenizer import Tokenizer
-from decoding.ensemble import Ensemble
-from engine.engine import Engine
+from attnmt.checkpoint import CheckpointError, load_for_inference
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding.ensemble import Ensemble
+from attnmt.engine.engine import Engine
 
 
 def load_engine(

@@ -1,5 +1,5 @@
 """Scoring: sacreBLEU BLEU and chrF with signatures."""
 
-from evaluation.bleu import Score, corpus_bleu, corpus_chrf
+from attnmt.evaluation.bleu import Score, corpus_bleu, corpus_chrf
 
 __all__ = ["Score", "corpus_bleu", "corpus_chrf"]

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from data.batching import encode_source_batch, pad_rows
-from data.tokenizer import Tokenizer
-from decoding.config import SearchConfig
-from exporting.shared import (
+from attnmt.data.batching import encode_source_batch, pad_rows
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding.config import SearchConfig
+from attnmt.exporting.shared import (
     MAX_POSITIONS,
     ExportError,
     by_budget,
@@ -35,7 +35,7 @@ from exporting.shared import (
     probe_sentences,
     require,
 )
-from model import Transformer, sinusoid_table
+from attnmt.model import Transformer, sinusoid_table
 
 # An exported fp32 model is not written when the log-probabilities it gives our greedy outputs
 # differ from ours by more.

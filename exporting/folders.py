@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from exporting.shared import ExportError
+from attnmt.exporting.shared import ExportError
 
 
 def check_output(target: Path, force: bool = False) -> None:

@@ -31,12 +31,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from checkpoint import build_model, model_payload, save_checkpoint
-from data.batching import pad_rows
-from data.tokenizer import SpecialIds, Tokenizer, Vocabulary
-from exporting.hf import LOGITS_ATOL
-from exporting.shared import ExportError, probe_sentences, require
-from model import ModelConfig
+from attnmt.checkpoint import build_model, model_payload, save_checkpoint
+from attnmt.data.batching import pad_rows
+from attnmt.data.tokenizer import SpecialIds, Tokenizer, Vocabulary
+from attnmt.exporting.hf import LOGITS_ATOL
+from attnmt.exporting.shared import ExportError, probe_sentences, require
+from attnmt.model import ModelConfig
 
 ARCHITECTURES = {"MarianMTModel": "marian", "M2M100ForConditionalGeneration": "m2m_100"}
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "silu", "silu": "silu"}

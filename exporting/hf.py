@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from data.batching import encode_source_batch, pad_rows
-from data.tokenizer import SpecialIds, Tokenizer
-from decoding.config import SearchConfig
-from exporting.shared import (
+from attnmt.data.batching import encode_source_batch, pad_rows
+from attnmt.data.tokenizer import SpecialIds, Tokenizer
+from attnmt.decoding.config import SearchConfig
+from attnmt.exporting.shared import (
     MAX_POSITIONS,
     ExportError,
     by_budget,
@@ -48,7 +48,7 @@ from exporting.shared import (
     probe_sentences,
     require,
 )
-from model import ModelConfig, Transformer
+from attnmt.model import ModelConfig, Transformer
 
 # An exported model whose fp32 logits differ from ours by more is not written.
 # Measured: ~1e-6 to 1e-5 (the same sums in another order).

@@ -18,11 +18,11 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from common.errors import UserError
-from data.tokenizer import SpecialIds, Tokenizer
-from decoding.config import SearchConfig
-from decoding.translator import Translator
-from model import Transformer
+from attnmt.common.errors import UserError
+from attnmt.data.tokenizer import SpecialIds, Tokenizer
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.translator import Translator
+from attnmt.model import Transformer
 
 INSTALL_HINT = "pip install -e '.[export]'"
 # Positions the exported models have a table for (ours grows without limit): sentences up to

@@ -1,6 +1,6 @@
 """The Transformer architecture: nn.Modules only, no file I/O, no text."""
 
-from model.attention import (
+from attnmt.model.attention import (
     AdditiveAttention,
     AttentionOutput,
     DotProductAttention,
@@ -12,10 +12,10 @@ from model.attention import (
     masked_softmax,
     padding_mask,
 )
-from model.config import ModelConfig
-from model.layers import DecoderLayer, EncoderLayer, FeedForward
-from model.positional import SinusoidalPositionalEncoding, sinusoid_table
-from model.transformer import AttentionMaps, Decoder, Encoder, Transformer, log_probs
+from attnmt.model.config import ModelConfig
+from attnmt.model.layers import DecoderLayer, EncoderLayer, FeedForward
+from attnmt.model.positional import SinusoidalPositionalEncoding, sinusoid_table
+from attnmt.model.transformer import AttentionMaps, Decoder, Encoder, Transformer, log_probs
 
 __all__ = [
     "AdditiveAttention",

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.kernels import Dropout, dropout
+from attnmt.model.kernels import Dropout, dropout
 
 
 class AttentionOutput(NamedTuple):

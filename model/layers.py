@@ -14,9 +14,9 @@ from typing import NamedTuple
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
-from model.config import ModelConfig
-from model.kernels import Dropout, dropout
+from attnmt.model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
+from attnmt.model.config import ModelConfig
+from attnmt.model.kernels import Dropout, dropout
 
 
 def rows_per_sentence(n_rows: int, n_sentences: int) -> int:

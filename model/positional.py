@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from model.kernels import Dropout
+from attnmt.model.kernels import Dropout
 
 
 def sinusoid_table(

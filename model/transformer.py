@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from model.attention import KVCache, MultiHeadAttention, padding_mask
-from model.config import ModelConfig
-from model.layers import DecoderLayer, EncoderLayer
-from model.positional import SinusoidalPositionalEncoding
+from attnmt.model.attention import KVCache, MultiHeadAttention, padding_mask
+from attnmt.model.config import ModelConfig
+from attnmt.model.layers import DecoderLayer, EncoderLayer
+from attnmt.model.positional import SinusoidalPositionalEncoding
 
 
 class StackOutput(NamedTuple):

@@ -32,14 +32,14 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from decoding.config import SearchConfig
-from server.batcher import Batcher, Closed, Job, QueueFull
-from server.html import Document
-from server.keys import KeyRejected, KeyRing
-from server.languages import is_multilingual, language_name
-from server.metrics import Metrics, Middleware
-from server.openapi import openapi_document
-from server.options import OptionError, as_dict, search_config
+from attnmt.decoding.config import SearchConfig
+from attnmt.server.batcher import Batcher, Closed, Job, QueueFull
+from attnmt.server.html import Document
+from attnmt.server.keys import KeyRejected, KeyRing
+from attnmt.server.languages import is_multilingual, language_name
+from attnmt.server.metrics import Metrics, Middleware
+from attnmt.server.openapi import openapi_document
+from attnmt.server.options import OptionError, as_dict, search_config
 
 STATIC = Path(__file__).resolve().parent / "static"
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from decoding.config import SearchConfig
+from attnmt.decoding.config import SearchConfig
 
 logger = logging.getLogger(__name__)
 

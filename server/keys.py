@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UserError
+from attnmt.common.errors import UserError
 
 
 class KeyRejected(Exception):

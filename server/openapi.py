@@ -11,10 +11,10 @@ import types
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from server.options import INT_RANGE, option_names
+from attnmt.server.options import INT_RANGE, option_names
 
 if TYPE_CHECKING:
-    from server.app import Service
+    from attnmt.server.app import Service
 
 ERROR = {
     "type": "object",

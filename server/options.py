@@ -14,8 +14,8 @@ import types
 from dataclasses import fields, replace
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from common.errors import UserError
-from decoding.config import SearchConfig
+from attnmt.common.errors import UserError
+from attnmt.decoding.config import SearchConfig
 
 # Integers an option may be: 64-bit signed (a seed goes to torch).
 INT_RANGE = (-(2**63), 2**63 - 1)

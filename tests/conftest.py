@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import model_payload, save_checkpoint
-from data.tokenizer import Tokenizer
-from model import ModelConfig, Transformer
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.model import ModelConfig, Transformer
 from tests.helpers_decoding import SEARCH_MODEL, tiny_tokenizer
 
 VOCAB = 40  # source = target vocabulary of the tiny model; id 0 is pad

@@ -295,8 +295,8 @@ def docstring_commands(path: Path) -> list[Command]:
 
 def help_commands() -> list[Command]:
     """Command lines shown in translate.py's and serve.py's `--help`."""
-    from decoding.cli import build_parser as translate_parser
-    from server.cli import build_parser as serve_parser
+    from attnmt.cli.serve import build_parser as serve_parser
+    from attnmt.cli.translate import build_parser as translate_parser
 
     out = []
     for rel, build in (("decoding/cli.py", translate_parser), ("server/cli.py", serve_parser)):
@@ -439,7 +439,7 @@ def _composed(groups: tuple[str, ...]):  # noqa: ANN202 (a DictConfig, imported 
     """conf/train.yaml composed with config-group choices only (cached: few distinct sets)."""
     from hydra import compose, initialize_config_dir
 
-    import training.config  # noqa: F401  (registers decoding/search_config, as train.py does)
+    import attnmt.training.config  # noqa: F401  (registers decoding/search_config, as train.py does)
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose("train", overrides=list(groups), return_hydra_config=True)
@@ -460,7 +460,7 @@ def _compose_train(overrides: tuple[str, ...], typed: bool = True) -> None:
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    from training.config import Configs
+    from attnmt.training.config import Configs
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))

@@ -16,9 +16,9 @@ import datasets
 import torch
 from torch import Tensor
 
+from attnmt.data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from attnmt.decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
 from benchmarks.engine_paths import StepEngine  # noqa: F401  (re-exported for tests)
-from data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
-from decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
+from attnmt.checkpoint import load_checkpoint
+from attnmt.training.loop import fit
 from tests.conftest import VOCAB, make_tiny_model
 from tests.train_helpers import ROOT, toy_cfg
-from training.loop import fit
 
 
 def _set(model: torch.nn.Module, on: bool) -> None:

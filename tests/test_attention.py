@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from model import (
+from attnmt.model import (
     AdditiveAttention,
     DotProductAttention,
     MultiHeadAttention,

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-from checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
-from data.tokenizer import Tokenizer
+from attnmt.checkpoint import load_checkpoint, load_for_inference, model_payload, save_checkpoint
+from attnmt.data.tokenizer import Tokenizer
 from tests.helpers_decoding import SEARCH_MODEL, tiny_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "average_checkpoints.py"
@@ -18,10 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "average_checkpoints.
 
 @pytest.fixture(scope="module")
 def average() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("average_checkpoints", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("attnmt.cli.average")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ expected JSON, and that the peers and the no-cache baseline compute what ours co
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -19,12 +19,12 @@ from types import ModuleType
 import pytest
 import torch
 
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.common.errors import UserError
+from attnmt.decoding import SearchConfig, beam_search, greedy_search
+from attnmt.decoding.translator import length_sorted_batches
+from attnmt.decoding.uncached import UncachedModel
 from benchmarks import bench_translate, benchmark
-from checkpoint import model_payload, save_checkpoint
-from common.errors import UserError
-from decoding import SearchConfig, beam_search, greedy_search
-from decoding.translator import length_sorted_batches
-from decoding.uncached import UncachedModel
 from tests.helpers_decoding import (
     PAIRS,
     SEARCH_MODEL,
@@ -38,12 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(name: str) -> ModuleType:
-    """A user tool of scripts/ (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"attnmt_{name}", ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """The command module behind a shim of scripts/."""
+    name = {"average_checkpoints": "average"}.get(name, name)
+    return importlib.import_module(f"attnmt.cli.{name}")
 
 
 MODEL_FLAGS = "--device cpu --preset tiny --vocab 200"
@@ -231,11 +228,11 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
     its own budget (the others run on to the batch's budget)."""
     pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
+    from attnmt.checkpoint import load_for_inference
+    from attnmt.engine import Engine
+    from attnmt.exporting.ct2 import export_ct2
+    from attnmt.exporting.shared import budgets
     from benchmarks import peers
-    from checkpoint import load_for_inference
-    from engine import Engine
-    from exporting.ct2 import export_ct2
-    from exporting.shared import budgets
 
     run, src, _ = trained_run
     model, tokenizer, _ = load_for_inference(run / "checkpoints" / "best.pt")
@@ -251,7 +248,7 @@ def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None
         # time is continuous batching): the same ids, in input order
         assert peers.ours_system(engine, tokenizer, inter_threads=2)(src_ids, cfg) == ours
         with pytest.MonkeyPatch.context() as patch:  # the CTranslate2 side builds no model
-            patch.setattr("checkpoint.build_model", pytest.fail)
+            patch.setattr("attnmt.checkpoint.build_model", pytest.fail)
             ct2_inter = peers.ct2_from_folder(tmp, str(run / "checkpoints" / "best.pt"), 2, 2)
         assert ct2_inter(src_ids, cfg) == ct2
     assert len(length_sorted_batches(src_ids, cfg.batch_size)) > 2
@@ -346,8 +343,8 @@ def test_isolated_systems_run_in_their_own_processes(trained_run: tuple[Path, Pa
     that fails to build gives its message as a UserError."""
     import multiprocessing
 
+    from attnmt.engine import load_engine
     from benchmarks import peers
-    from engine import load_engine
 
     run, src, _ = trained_run
     path = str(run / "checkpoints" / "best.pt")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import (
+from attnmt.checkpoint import (
     CheckpointError,
     CorruptCheckpointError,
     load_checkpoint,
@@ -24,7 +24,7 @@ from checkpoint import (
     payload_checksum,
     save_checkpoint,
 )
-from checkpoint.format import CHECKSUM_KEY
+from attnmt.checkpoint.format import CHECKSUM_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -104,7 +104,7 @@ def test_checkpoint_without_checksum_loads_with_one_log_line(
     payload = torch.load(checkpoint, weights_only=True)
     del payload[CHECKSUM_KEY]
     torch.save(payload, old)  # what checkpoints written before the checksum look like
-    with caplog.at_level(logging.INFO, logger="checkpoint.format"):
+    with caplog.at_level(logging.INFO, logger="attnmt.checkpoint.format"):
         loaded = load_checkpoint(old)
     assert [r.getMessage() for r in caplog.records] == [
         f"{old} has no checksum (written by an older version): loaded unverified"

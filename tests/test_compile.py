@@ -18,10 +18,10 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from data.batching import Batch, collate
-from model.kernels import label_smoothed_cross_entropy
+from attnmt.data.batching import Batch, collate
+from attnmt.model.kernels import label_smoothed_cross_entropy
+from attnmt.training.build import wrap_model
 from tests.train_helpers import ROOT, toy, train_cmd
-from training.build import wrap_model
 
 pytestmark = pytest.mark.slow
 

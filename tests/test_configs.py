@@ -7,8 +7,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import open_dict
 
+from attnmt.training.config import ConfigError, Configs
 from tests.train_helpers import CONF
-from training.config import ConfigError, Configs
 
 # The README's experiments and model presets, plus every other file: each must compose.
 EXPERIMENTS = sorted(
@@ -78,7 +78,7 @@ def test_unknown_override_fails_at_compose():
 
 
 def test_precision_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatch):
-    from common import runtime
+    from attnmt.common import runtime
 
     cpu = torch.device("cpu")
     assert Configs.from_hydra(_compose("trainer.precision=auto")).trainer.precision == "auto"

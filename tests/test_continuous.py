@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from data.batching import encode_source_batch
-from decoding.search import SearchConfig, greedy_search
-from engine import Engine
-from engine.continuous import continuous_greedy_search
+from attnmt.data.batching import encode_source_batch
+from attnmt.decoding.search import SearchConfig, greedy_search
+from attnmt.engine import Engine
+from attnmt.engine.continuous import continuous_greedy_search
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_search import assert_same_results
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
-from data.batching import TokenBatchSampler
-from data.dataset import DataConfig, corpora
-from data.errors import DataError
+from attnmt.checkpoint import load_checkpoint
+from attnmt.data.batching import TokenBatchSampler
+from attnmt.data.dataset import DataConfig, corpora
+from attnmt.data.errors import DataError
+from attnmt.training.loop import fit
 from tests.train_helpers import ROOT, TOY, run_train, toy, toy_cfg
-from training.loop import fit
 
 
 def _epoch_rows(sampler: TokenBatchSampler, epoch: int) -> list[int]:

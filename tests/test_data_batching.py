@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from data.batching import (
+from attnmt.data.batching import (
     Batch,
     BatchIterator,
     TokenBatchSampler,
@@ -19,8 +19,8 @@ from data.batching import (
     pad_rows,
     token_lengths,
 )
-from data.errors import DataError
-from data.tokenizer import SpecialIds
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import SpecialIds
 
 SPECIAL = SpecialIds()
 ODD_SPECIAL = SpecialIds(pad=3, unk=2, bos=0, eos=1)
@@ -270,7 +270,7 @@ def test_bucket_growth_must_be_above_one() -> None:
 def test_a_wider_padding_changes_no_loss_or_gradient(tmp_path) -> None:
     """Padding a batch to a rung's widths is invisible to the model: the same loss and
     gradients (dropout off), so buckets change shapes, not what is learned."""
-    from model.kernels import label_smoothed_cross_entropy
+    from attnmt.model.kernels import label_smoothed_cross_entropy
     from tests.train_helpers import toy
 
     run = toy(tmp_path, "model.dropout=0.0")

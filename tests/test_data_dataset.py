@@ -13,9 +13,9 @@ from pathlib import Path
 import datasets
 import pytest
 
-from data.dataset import DataConfig, encode_split, filter_train_pairs, load_split
-from data.errors import DataError
-from data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.dataset import DataConfig, encode_split, filter_train_pairs, load_split
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
 
 GERMAN = [
     "Ein Mann fährt Fahrrad.",
@@ -335,7 +335,7 @@ def test_training_filter_removes_empty_and_ratio_outliers_and_logs_count(
     write_split(folder, "train", de, en)
     write_split(folder, "valid", de, en)
     cfg = config(tmp_path, dir=str(folder))
-    with caplog.at_level(logging.INFO, logger="data.dataset"):
+    with caplog.at_level(logging.INFO, logger="attnmt.data.dataset"):
         train = filter_train_pairs(load_split(cfg, "train"), cfg)
     assert rows(train) == list(zip(GERMAN, ENGLISH, strict=True))
     assert "removed 4 of 16 training pairs" in caplog.text
@@ -387,7 +387,7 @@ def test_max_len_filters_training_only(
     assert 0 < n_long < len(GERMAN)  # the fixture must exercise the filter
     cfg = config(tmp_path, dir=str(corpus_dir), max_len=max_len)
     train = load_split(cfg, "train")
-    with caplog.at_level(logging.INFO, logger="data.dataset"):
+    with caplog.at_level(logging.INFO, logger="attnmt.data.dataset"):
         encoded = encode_split(train, tokenizer, cfg, train=True)
     assert len(encoded) == len(GERMAN) - n_long
     assert max(encoded[:]["src_len"] + encoded[:]["tgt_len"]) <= max_len
@@ -427,7 +427,7 @@ def test_encode_with_two_processes_matches_one(
 
 
 def test_num_proc_zero_means_every_core_for_big_splits_only(monkeypatch) -> None:
-    from data import dataset
+    from attnmt.data import dataset
 
     monkeypatch.setattr(dataset, "_cores", lambda: 8)
     auto = DataConfig(num_proc=0)

@@ -12,9 +12,9 @@ import datasets
 import pytest
 import torch
 
-from data.dataset import DataConfig, load_split
-from data.errors import DataError
-from data.tokenizer import SpecialIds, Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.dataset import DataConfig, load_split
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import SpecialIds, Tokenizer, TokenizerConfig, train_or_load_tokenizer
 
 # (German, English, French, Czech): umlauts, accents and diacritics the models must keep.
 SENTENCES = [
@@ -273,7 +273,7 @@ def test_a_prepared_model_is_reused_by_a_new_run_dir_and_retrained_when_settings
 ):
     """Prepare once, train many times: a new run dir gets the cached model's exact bytes; a
     different vocab size or corpus trains a new one."""
-    import data.tokenizer as tok
+    import attnmt.data.tokenizer as tok
 
     cache, cfg = tmp_path / "cache", TokenizerConfig(vocab_size=150)
     first = train_or_load_tokenizer(corpus, cfg, tmp_path / "run1", cache)

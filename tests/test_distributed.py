@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
+from attnmt.checkpoint import load_checkpoint
 from tests.train_helpers import ROOT, torchrun_cmd
 
 FAULTS = str(ROOT / "tests" / "scripts" / "train_with_faults.py")

@@ -180,7 +180,7 @@ def test_every_config_key_and_experiment_is_in_configuration_md(monkeypatch, tmp
 
 
 def test_search_flag_help_names_the_other_flags_and_keeps_its_own_words():
-    from decoding.cli import build_parser
+    from attnmt.cli.translate import build_parser
 
     text = " ".join(build_parser().format_help().split())
     assert "--sampling: random seed; the same seed and input give the same output" in text

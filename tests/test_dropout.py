@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.kernels import Dropout, dropout
+from attnmt.model.kernels import Dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])

@@ -8,14 +8,14 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
-from data.batching import collate
+from attnmt.checkpoint import load_checkpoint
+from attnmt.data.batching import collate
+from attnmt.training import build
+from attnmt.training.config import ConfigError, Configs
+from attnmt.training.ema import WeightEMA
+from attnmt.training.evaluate import valid_loss
+from attnmt.training.loop import fit
 from tests.train_helpers import params, run_train, toy, toy_cfg
-from training import build
-from training.config import ConfigError, Configs
-from training.ema import WeightEMA
-from training.evaluate import valid_loss
-from training.loop import fit
 
 
 def test_average_follows_the_formula_over_real_updates(tmp_path):

@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.config import SearchConfig
-from decoding.search import beam_search, greedy_search
-from engine import Engine
-from engine import engine as engine_module
-from engine.cache import StepKVCache
-from engine.engine import PackedLinear, packing_pays
-from model import padding_mask
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.search import beam_search, greedy_search
+from attnmt.engine import Engine
+from attnmt.engine import engine as engine_module
+from attnmt.engine.cache import StepKVCache
+from attnmt.engine.engine import PackedLinear, packing_pays
+from attnmt.model import padding_mask
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, random_sources
 
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.nn import Module
 
-from decoding.ensemble import Ensemble
-from decoding.search import SearchConfig, beam_search, greedy_search
+from attnmt.decoding.ensemble import Ensemble
+from attnmt.decoding.search import SearchConfig, beam_search, greedy_search
 from tests.helpers_decoding import (
     SEARCH_MODEL,
     SPECIAL,

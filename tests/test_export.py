@@ -9,7 +9,7 @@ or `ctranslate2` skip with a reason when they are missing (pip install -e '.[exp
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -22,14 +22,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import model_payload, save_checkpoint
-from data.batching import collate, encode_source_batch, pad_rows
-from data.tokenizer import Tokenizer
-from decoding import SearchConfig
-from exporting.ct2 import ct2_search_ids, export_ct2
-from exporting.hf import export_hf, strip_generated
-from exporting.shared import ExportError, budgets, our_search_ids
-from model import Transformer
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.data.batching import collate, encode_source_batch, pad_rows
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding import SearchConfig
+from attnmt.exporting.ct2 import ct2_search_ids, export_ct2
+from attnmt.exporting.hf import export_hf, strip_generated
+from attnmt.exporting.shared import ExportError, budgets, our_search_ids
+from attnmt.model import Transformer
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
@@ -150,8 +150,8 @@ def hf_folder(trained: Trained, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def test_budgets_equal_the_searchs_max_lengths() -> None:
     """`budgets` (plain Python, so that a CTranslate2 process runs no torch op) gives
     `max_lengths`' float64 budgets, eos and pad not counted, 0 for an empty source."""
-    from data.tokenizer import SpecialIds
-    from decoding.search import max_lengths
+    from attnmt.data.tokenizer import SpecialIds
+    from attnmt.decoding.search import max_lengths
 
     special = SpecialIds()
     gen = torch.Generator().manual_seed(0)
@@ -421,7 +421,7 @@ def test_hf_sharing_variants_and_separate_tokenizers(
 def separate_tokenizer(folder: Path) -> Tokenizer:
     import datasets
 
-    from data.tokenizer import TokenizerConfig, train_or_load_tokenizer
+    from attnmt.data.tokenizer import TokenizerConfig, train_or_load_tokenizer
 
     rows = {"src": [s for s, _ in PAIRS], "tgt": [t for _, t in PAIRS]}
     cfg = TokenizerConfig(vocab_size=70, joint=False, input_sentence_size=0)
@@ -432,11 +432,7 @@ def separate_tokenizer(folder: Path) -> Tokenizer:
 
 
 def load_export_script(name: str = "export") -> ModuleType:
-    path = ROOT / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"attnmt_{name}_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"attnmt.cli.{name}")
 
 
 def one_line_error(capsys: pytest.CaptureFixture) -> str:
@@ -495,7 +491,7 @@ def test_failed_check_leaves_nothing(
     def wrong(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise ExportError("the model written to X does not reproduce ours")
 
-    monkeypatch.setattr("exporting.ct2.check_ct2_folder", wrong)
+    monkeypatch.setattr("attnmt.exporting.ct2.check_ct2_folder", wrong)
     out = tmp_path / "ct2"
     assert load_export_script().main(["ct2", "-c", str(trained.run), "-o", str(out)]) == 1
     assert "does not reproduce ours" in one_line_error(capsys)

@@ -12,7 +12,7 @@ tokenizers' ids, its `generate` ids, and its training loss.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -26,12 +26,12 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from checkpoint import load_for_inference
-from data.batching import collate
-from decoding import SearchConfig
-from decoding.translator import Translator
-from exporting.shared import budgets
-from model.kernels import label_smoothed_cross_entropy
+from attnmt.checkpoint import load_for_inference
+from attnmt.data.batching import collate
+from attnmt.decoding import SearchConfig
+from attnmt.decoding.translator import Translator
+from attnmt.exporting.shared import budgets
+from attnmt.model.kernels import label_smoothed_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "fixtures" / "toy"
@@ -259,10 +259,9 @@ def import_cli(*args: str | Path) -> subprocess.CompletedProcess:
 
 
 def _script(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The command module behind a shim of scripts/."""
+    name = {"average_checkpoints": "average"}.get(path.stem, path.stem)
+    return importlib.import_module(f"attnmt.cli.{name}")
 
 
 def imported(folder: Path, out: Path, *flags: str) -> Path:
@@ -441,7 +440,7 @@ def test_search_ids_equal_generate(family: Family, beam: int) -> None:
 def test_finetuning_loss_equals_transformers(family: Family) -> None:
     """The data pipeline's encoding (source language token, EOS, NLLB's target language
     token) and our loss without label smoothing give Transformers' loss on the same batch."""
-    from data.dataset import _encode_batch
+    from attnmt.data.dataset import _encode_batch
 
     model, tokenizer = ours(family)
     encoded = _encode_batch(EN[:12], DE[:12], tokenizer, None)
@@ -638,7 +637,7 @@ def test_train_py_finetunes_an_import_and_resumes_exactly(family: Family, tmp_pa
     """`train.py trainer.init_from=IMPORT` on the toy corpus (de->en) with the model's
     language codes and activation checkpointing: 6 updates straight equal 3 + a resume to 6;
     the fine-tuned run translates with the import's conventions."""
-    from checkpoint import load_checkpoint
+    from attnmt.checkpoint import load_checkpoint
     from tests.train_helpers import run_train
 
     args = (
@@ -782,7 +781,7 @@ def test_int8_and_ensembles_take_an_import(family: Family) -> None:
     """What translate.py loads (`engine.load_engine`) takes an import unchanged: an ensemble of
     the import with itself gives its ids, and int8 (the engine's own one-token step, with the
     activation, output bias and position layout of the import) agrees with fp32 on most."""
-    from engine import load_engine
+    from attnmt.engine import load_engine
 
     model, tokenizer = ours(family)
     given = tokenizer.target_prefix()

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
-from common.errors import UserError
-from model import ModelConfig
+from attnmt.checkpoint import load_checkpoint
+from attnmt.common.errors import UserError
+from attnmt.model import ModelConfig
+from attnmt.training import distributed
+from attnmt.training.config import Configs
+from attnmt.training.init import _model_config
+from attnmt.training.loop import fit
+from attnmt.training.run import Run
 from tests.train_helpers import ROOT, run_train, torchrun_cmd, toy_cfg
-from training import distributed
-from training.config import Configs
-from training.init import _model_config
-from training.loop import fit
-from training.run import Run
 
 COMMON = ("trainer.eval_every=3", "logger=none", "trainer.num_threads=1")
 

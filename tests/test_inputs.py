@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import UserError
-from common.files import read_lines
-from decoding.inputs import ArrivingLines, FileLines, SentenceList, open_input
+from attnmt.common.errors import UserError
+from attnmt.common.files import read_lines
+from attnmt.decoding.inputs import ArrivingLines, FileLines, SentenceList, open_input
 
 TEXTS = [
     b"",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Engine
-from engine.cache import StepKVCache
-from model import KVCache, padding_mask
+from attnmt.engine import Engine
+from attnmt.engine.cache import StepKVCache
+from attnmt.model import KVCache, padding_mask
 from tests.test_transformer import PAD, padded_source, random_ids
 
 

@@ -1,6 +1,7 @@
-"""The package layout as docs/architecture.md states it: which package may import which
-(parsed from every import statement, also those inside functions), no `sys.path` edits, and
-inference that never imports training or `datasets`."""
+"""The package layout as docs/architecture.md states it, parsed from every import statement (also
+those inside functions): one import name (`attnmt`), layers that import only downwards, no
+import circles, a command-line layer no library module imports, inference that never imports
+training or `datasets`, no `sys.path` edits, and the size limits the layout keeps."""
 
 from __future__ import annotations
 
@@ -10,24 +11,30 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"common", "model", "data", "checkpoint", "engine", "decoding", "exporting", "evaluation"}
-OURS |= {"training", "benchmarks", "server"}
+LIBRARY = ["common", "model", "evaluation", "data", "checkpoint", "decoding", "engine"]
+LIBRARY += ["exporting", "training", "server"]
+PACKAGES = [*LIBRARY, "cli"]
 
-# package -> the packages of ours it may import (docs/architecture.md, "Packages")
+# package -> the packages of ours it may import (docs/architecture.md, "Packages"); the
+# command-line layer (`cli`) may import any, and no package imports it.
 ALLOWED = {
     "common": set(),
     "model": set(),
     "evaluation": set(),
     "data": {"common"},
     "checkpoint": {"common", "model", "data"},
+    "decoding": {"common", "model", "data", "checkpoint", "evaluation"},
     "engine": {"common", "model", "data", "checkpoint", "decoding"},
-    "decoding": {"common", "model", "data", "checkpoint", "engine", "evaluation"},
     "exporting": {"common", "model", "data", "checkpoint", "decoding"},
     "training": {"common", "model", "data", "checkpoint", "engine", "decoding", "evaluation"},
     "server": {"common", "data", "checkpoint", "engine", "decoding", "evaluation"},
+    "cli": set(LIBRARY),
 }
-# engine implements decoding's search core; the rest of decoding loads models through engine
-ENGINE_MAY_IMPORT = {"decoding.config", "decoding.search", "decoding.ensemble"}
+# engine implements decoding's search core; the rest of decoding never loads the engine
+ENGINE_MAY_IMPORT = {"attnmt.decoding.config", "attnmt.decoding.search", "attnmt.decoding.ensemble"}
+# The command-line layer and the repository's own tools (not installed) around the package.
+OUTSIDE = [*sorted(ROOT.glob("*.py")), *sorted((ROOT / "scripts").glob("*.py"))]
+OUTSIDE += sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py"))
 
 
 def imports_of(path: Path) -> set[str]:
@@ -46,13 +53,36 @@ def package_files(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(["attnmt", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def package_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "attnmt" else None
+
+
+def test_every_import_of_ours_is_under_attnmt() -> None:
+    """No module imports a bare `model`, `data`, ...: a user's own folder of that name would
+    shadow it, or be shadowed."""
+    files = [p for package in PACKAGES for p in package_files(package)] + OUTSIDE
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in imports_of(path)
+        if name.split(".")[0] in PACKAGES
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_packages_import_only_what_the_layout_allows() -> None:
     wrong = []
     for package, allowed in ALLOWED.items():
         for path in package_files(package):
             for name in imports_of(path):
-                top = name.split(".")[0]
-                if top in OURS and top != package and top not in allowed:
+                other = package_of(name)
+                if other and other != package and other not in allowed:
                     wrong.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not wrong, "\n".join(wrong)
 
@@ -62,25 +92,90 @@ def test_engine_imports_only_the_search_core_of_decoding() -> None:
         f"{path.relative_to(ROOT)} imports {name}"
         for path in package_files("engine")
         for name in imports_of(path)
-        if name.startswith("decoding.") and ".".join(name.split(".")[:2]) not in ENGINE_MAY_IMPORT
+        if name.startswith("attnmt.decoding.")
+        and ".".join(name.split(".")[:3]) not in ENGINE_MAY_IMPORT
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_import_circles() -> None:
+    """Between modules of one package too (e.g. an app and its OpenAPI document)."""
+    modules = {module_name(p): p for package in PACKAGES for p in package_files(package)}
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imported in imports_of(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                # a package's __init__ re-exporting its modules is not a circle
+                if not imported.startswith(name + "."):
+                    graph[name].add(imported)
+    circles, state = [], {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join([*trail[trail.index(nxt) :], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "\n".join(circles)
 
 
 def test_inference_never_imports_training_or_datasets() -> None:
     """What translate.py and serve.py load, loaded: neither `training` nor `datasets` (~1 s to
     import)."""
-    modules = "decoding.cli, decoding.translator, decoding.plot, engine, checkpoint, exporting"
-    modules += ", server.cli, server.app"
+    modules = "attnmt.cli.translate, attnmt.cli.serve, attnmt.decoding.translator"
+    modules += ", attnmt.decoding.plot, attnmt.engine, attnmt.checkpoint, attnmt.exporting"
+    modules += ", attnmt.server.app"
     code = f"import sys, {modules}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
+    code += "; print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('attnmt.')}))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    loaded = set(ast.literal_eval(out.stdout))
-    assert {"decoding", "engine", "model"} <= loaded
-    assert not loaded & {"training", "datasets"}
+    top, ours = (set(ast.literal_eval(line)) for line in out.stdout.splitlines())
+    assert {"decoding", "engine", "model"} <= ours and "datasets" not in top
+    assert "training" not in ours
 
 
 def test_nothing_edits_sys_path() -> None:
     python_files = [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts]
     found = [str(p.relative_to(ROOT)) for p in python_files if "sys.path." in p.read_text()]
     assert found == [f"tests/{Path(__file__).name}"], found
+
+
+def test_no_function_is_over_100_lines() -> None:
+    files = [p for package in PACKAGES for p in package_files(package)]
+    files += [p for p in OUTSIDE if "tests" not in p.relative_to(ROOT).parts]
+    long = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 100:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {lines}")
+    assert not long, "\n".join(long)
+
+
+def lines_in(folder: str) -> int:
+    return sum(len(p.read_text().splitlines()) for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_the_model_is_the_paper_and_the_benchmarks_are_reports() -> None:
+    """model/ stays readable beside nanoGPT's 330 lines; benchmarks/ is one harness."""
+    assert lines_in("model") <= 800
+    assert lines_in("benchmarks") <= 1500
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 500
+
+
+def test_shims_are_short_and_call_the_command_line_layer() -> None:
+    shims = [ROOT / "train.py", ROOT / "translate.py", ROOT / "serve.py"]
+    shims += sorted((ROOT / "scripts").glob("*.py"))
+    for shim in shims:
+        text = shim.read_text()
+        assert len(text.splitlines()) <= 40, shim
+        assert "from attnmt.cli." in text, shim

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.memory import on_glibc
+from attnmt.common.memory import on_glibc
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # is not always reused at once), then reuses them; the warm-up runs 30.
 FAULTS_OF_STEPS = """
 import resource, sys, torch
-from common.memory import keep_freed_memory
+from attnmt.common.memory import keep_freed_memory
 torch.set_num_threads(1)
 took = keep_freed_memory() if sys.argv[1] == "keep" else None
 def step():
@@ -61,7 +61,7 @@ def test_freed_blocks_are_reused_instead_of_page_faulting() -> None:
 
 
 def test_other_platforms_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from common import memory
+    from attnmt.common import memory
 
     monkeypatch.setattr(memory.platform, "system", lambda: "Darwin")
     assert memory.keep_freed_memory() is False

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from model.positional import SinusoidalPositionalEncoding, sinusoid_table
+from attnmt.model.positional import SinusoidalPositionalEncoding, sinusoid_table
 
 D = 16
 

@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import model_payload, save_checkpoint
-from common import runtime
-from common.errors import UserError
-from decoding import SearchConfig, Translator, cli
-from decoding.search import beam_search
-from engine import Engine
-from engine.engine import _copy, _rows
-from model import padding_mask
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.cli import translate as cli
+from attnmt.common import runtime
+from attnmt.common.errors import UserError
+from attnmt.decoding import SearchConfig, Translator
+from attnmt.decoding.search import beam_search
+from attnmt.engine import Engine
+from attnmt.engine.engine import _copy, _rows
+from attnmt.model import padding_mask
 from tests.helpers_decoding import SPECIAL, random_sources, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from training.schedule import inverse_sqrt_warmup, noam
+from attnmt.training.schedule import inverse_sqrt_warmup, noam
 
 
 def test_inverse_sqrt_warms_up_linearly_to_the_peak_then_decays():

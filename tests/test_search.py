@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from decoding.search import (
+from attnmt.decoding.search import (
     SearchConfig,
     beam_search,
     greedy_search,

@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 import pytest
 
-from checkpoint import model_payload, save_checkpoint
-from decoding.config import SearchConfig
-from server.batcher import Batcher, Job, QueueFull
-from server.options import OptionError, as_dict, search_config
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.decoding.config import SearchConfig
+from attnmt.server.batcher import Batcher, Job, QueueFull
+from attnmt.server.options import OptionError, as_dict, search_config
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, tiny_tokenizer
 

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from checkpoint import model_payload, save_checkpoint
-from common.errors import UserError
-from decoding.config import SearchConfig
-from server.app import Limits, RoutingError, ServedModel, Service
-from server.batcher import Batcher
-from server.html import Document
-from server.keys import KeyRejected, KeyRing
-from server.languages import is_multilingual, language_name, model_languages
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.common.errors import UserError
+from attnmt.decoding.config import SearchConfig
+from attnmt.server.app import Limits, RoutingError, ServedModel, Service
+from attnmt.server.batcher import Batcher
+from attnmt.server.html import Document
+from attnmt.server.keys import KeyRejected, KeyRing
+from attnmt.server.languages import is_multilingual, language_name, model_languages
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, tiny_tokenizer
 from tests.test_serve import ENV, ROOT, post, request, serve
@@ -426,7 +426,7 @@ def test_a_multilingual_model_is_handed_the_requested_pair_a_bilingual_one_none(
         service.route("multi", None, None)
     with pytest.raises(RoutingError, match="no model translates en -> fr"):
         service.route(None, "en", "fr")
-    from server.batcher import Job
+    from attnmt.server.batcher import Job
 
     for model, langs in [(multi, ("deu_Latn", "fra_Latn")), (bilingual, (None, None))]:
         model.batcher.submit(Job(SearchConfig(), ["x"], langs=langs)).result(timeout=10)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
+from attnmt.checkpoint import load_checkpoint
 from tests.train_helpers import ROOT, TOY_ARGS
 
 DOCS = ROOT / "docs" / "training.md"

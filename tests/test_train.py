@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint import load_checkpoint
-from common import runtime
-from common.memory import on_glibc
-from data.batching import collate
+from attnmt.checkpoint import load_checkpoint
+from attnmt.common import runtime
+from attnmt.common.memory import on_glibc
+from attnmt.data.batching import collate
+from attnmt.training import build, distributed
+from attnmt.training.loop import _Window, fit, train_step
+from attnmt.training.run import Learner
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
-from training import build, distributed
-from training.loop import _Window, fit, train_step
-from training.run import Learner
 
 # Equivalence tests compare parameters after one plain SGD step with lr 1 and no clipping, so
 # the update IS the gradient. (Adam would turn the mathematically zero gradient of the key
@@ -214,7 +214,9 @@ def test_fit_sets_the_allocator_only_when_asked(tmp_path, monkeypatch):
     """`common.memory` is process-wide, so `fit()` leaves it alone unless `keep_memory=True`
     (what `train.py` passes: the test above reads its train.log)."""
     calls = []
-    monkeypatch.setattr("training.loop.keep_freed_memory", lambda: calls.append("kept") or True)
+    monkeypatch.setattr(
+        "attnmt.training.loop.keep_freed_memory", lambda: calls.append("kept") or True
+    )
     fit(toy_cfg(tmp_path, "trainer.max_steps=1", "trainer.device=cpu"), tmp_path / "a")
     assert calls == []
     fit(
@@ -352,7 +354,7 @@ def test_bf16_asked_on_a_cpu_without_it_warns_once(tmp_path, monkeypatch, caplog
     on a CPU without AVX512-BF16 or AMX) trains, but says so and names the fix; not where it is
     native."""
     monkeypatch.setattr(runtime, "native_bf16", lambda device: native)
-    with caplog.at_level("WARNING", logger="training.loop"):
+    with caplog.at_level("WARNING", logger="attnmt.training.loop"):
         fit(toy_cfg(tmp_path, "trainer.precision=bf16", "trainer.max_steps=1"), tmp_path / "run")
     warned = [r.getMessage() for r in caplog.records if "without native bf16" in r.getMessage()]
     assert len(warned) == (0 if native else 1), warned

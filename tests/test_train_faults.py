@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.loop as loop
-from checkpoint import CheckpointError, load_checkpoint
+import attnmt.training.loop as loop
+from attnmt.checkpoint import CheckpointError, load_checkpoint
+from attnmt.training import build
+from attnmt.training.config import Configs
+from attnmt.training.loop import TrainingError, fit
 from tests.test_checkpoint import damage, flip_byte_in_tensor_data
 from tests.train_helpers import TOY, run_train, toy_cfg
-from training import build
-from training.config import Configs
-from training.loop import TrainingError, fit
 
 
 def _assert_same_weights(a: Path, b: Path) -> None:
@@ -186,7 +186,7 @@ def test_a_nan_batch_is_skipped_counted_and_never_reaches_a_checkpoint(
 ):
     _nan_at(monkeypatch, {3})
     run_dir = tmp_path / "run"
-    with caplog.at_level("WARNING", logger="training.loop"):
+    with caplog.at_level("WARNING", logger="attnmt.training.loop"):
         fit(toy_cfg(tmp_path, "trainer.max_steps=6", "trainer.eval_every=3"), run_dir)
     results = json.loads((run_dir / "results.json").read_text())
     assert results["nonfinite_updates"] == 1 and results["steps"] == 6
@@ -211,7 +211,7 @@ def test_updates_nan_in_a_row_roll_back_with_a_lower_learning_rate(tmp_path, mon
     _nan_at(monkeypatch, {5, 6})
     run_dir = tmp_path / "run"
     args = ("trainer.max_nonfinite=2", "trainer.eval_every=4", "trainer.log_every=2")
-    with caplog.at_level("WARNING", logger="training.loop"):
+    with caplog.at_level("WARNING", logger="attnmt.training.loop"):
         fit(toy_cfg(tmp_path, *args, "trainer.max_steps=8"), run_dir)
     rolled = [r.getMessage() for r in caplog.records if "rolled back" in r.getMessage()]
     assert len(rolled) == 1 and "(step 4) with the learning rate x0.5" in rolled[0], rolled

@@ -14,16 +14,16 @@ from itertools import islice
 import pytest
 import torch
 
-from checkpoint import load_checkpoint, save_checkpoint
-from common import runtime
-from data.batching import collate, prefetch
+from attnmt.checkpoint import load_checkpoint, save_checkpoint
+from attnmt.common import runtime
+from attnmt.data.batching import collate, prefetch
+from attnmt.training import build
+from attnmt.training.loop import _updates, _Window, fit, train_step
+from attnmt.training.run import Learner
+from attnmt.training.run_dir import RunDirBusy, RunDirLock
+from attnmt.training.state import TrainState
+from attnmt.training.step_check import HostReads
 from tests.train_helpers import ROOT, TOY_ARGS, params, run_train, toy, toy_cfg, train_cmd
-from training import build
-from training.loop import _updates, _Window, fit, train_step
-from training.run import Learner
-from training.run_dir import RunDirBusy, RunDirLock
-from training.state import TrainState
-from training.step_check import HostReads
 
 
 def _two_batches(run):
@@ -256,7 +256,7 @@ def test_a_run_stopped_before_validating_an_eval_step_validates_it_on_resume(tmp
     ckpt["train_state"]["validated_step"] = 3  # as a preemption right after step 6 leaves it
     save_checkpoint(ckpt_dir / "last.pt", ckpt)
     (ckpt_dir / "step_6.pt").unlink()
-    with caplog.at_level("INFO", logger="training.run"):
+    with caplog.at_level("INFO", logger="attnmt.training.run"):
         fit(toy_cfg(tmp_path, "trainer.max_steps=7", "trainer.eval_every=3"), tmp_path / "run")
     validated = [r.getMessage().split("|")[0] for r in caplog.records if "valid step" in r.message]
     assert validated == ["valid step 6 ", "valid step 7 "]
@@ -299,7 +299,7 @@ def test_compiled_training_traces_each_graph_once_and_a_second_epoch_compiles_no
 
 def test_step_check_reports_each_cause_of_an_idle_device(tmp_path, capsys):
     """`python -m training.step_check` on the toy corpus: every number is there and sane."""
-    from training import step_check
+    from attnmt.training import step_check
 
     report = step_check.run(
         [

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import (
+from attnmt.model import (
     DecoderLayer,
     EncoderLayer,
     KVCache,

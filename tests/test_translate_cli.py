@@ -21,13 +21,14 @@ import pytest
 import torch
 
 import translate
-from checkpoint import model_payload, save_checkpoint
-from common import runtime
-from data.tokenizer import Tokenizer
-from decoding import SearchConfig, Translator, cli
-from decoding.ensemble import Ensemble
-from decoding.plot import heatmap_image, heatmap_tensor
-from engine import Engine
+from attnmt.checkpoint import model_payload, save_checkpoint
+from attnmt.cli import translate as cli
+from attnmt.common import runtime
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding import SearchConfig, Translator
+from attnmt.decoding.ensemble import Ensemble
+from attnmt.decoding.plot import heatmap_image, heatmap_tensor
+from attnmt.engine import Engine
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,10 +254,10 @@ def test_cpu_translation_keeps_freed_memory(
 ) -> None:
     """translate.py on the CPU sets glibc's malloc to reuse freed blocks (`common.memory`)
     before it loads the model; the setting is process-wide, so here it is only recorded."""
-    import common.memory
+    import attnmt.common.memory as memory
 
     calls: list[str] = []
-    monkeypatch.setattr(common.memory, "keep_freed_memory", lambda: calls.append("kept") or True)
+    monkeypatch.setattr(memory, "keep_freed_memory", lambda: calls.append("kept") or True)
     status, out, err = call_main(capsys, "-c", str(checkpoint), "--device", "cpu", "Ein Hund.")
     assert status == 0, err
     assert calls == ["kept"] and len(out.splitlines()) == 1

@@ -12,12 +12,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-import training.config  # noqa: F401  (registers the decoding schema with Hydra)
-from training import build, distributed
-from training.config import Configs
-from training.loop import _Window, train_step
-from training.run import Learner
-from training.state import Trainee, seed_everything
+import attnmt.training.config  # noqa: F401  (registers the decoding schema with Hydra)
+from attnmt.training import build, distributed
+from attnmt.training.config import Configs
+from attnmt.training.loop import _Window, train_step
+from attnmt.training.run import Learner
+from attnmt.training.state import Trainee, seed_everything
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

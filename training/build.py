@@ -18,10 +18,10 @@ import datasets
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from checkpoint import build_model
-from common.files import atomic_write
-from data.batching import BatchIterator, TokenBatchSampler, token_lengths
-from data.dataset import (
+from attnmt.checkpoint import build_model
+from attnmt.common.files import atomic_write
+from attnmt.data.batching import BatchIterator, TokenBatchSampler, token_lengths
+from attnmt.data.dataset import (
     Corpus,
     DataConfig,
     cache_root,
@@ -31,20 +31,20 @@ from data.dataset import (
     load_split,
     tag_sources,
 )
-from data.errors import DataError
-from data.tokenizer import (
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import (
     JOINT_MODEL,
     SRC_MODEL,
     Tokenizer,
     check_tags,
     train_or_load_tokenizer,
 )
-from model import ModelConfig
-from training import distributed
-from training.config import Configs, OptimConfig
-from training.ema import WeightEMA
-from training.schedule import inverse_sqrt_warmup, noam
-from training.state import Trainee, TrainState
+from attnmt.model import ModelConfig
+from attnmt.training import distributed
+from attnmt.training.config import Configs, OptimConfig
+from attnmt.training.ema import WeightEMA
+from attnmt.training.schedule import inverse_sqrt_warmup, noam
+from attnmt.training.state import Trainee, TrainState
 
 log = logging.getLogger(__name__)
 

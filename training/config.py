@@ -11,11 +11,11 @@ from dataclasses import asdict, dataclass, field, fields
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from common.errors import UserError
-from data.dataset import DataConfig
-from data.tokenizer import TokenizerConfig
-from decoding.config import SearchConfig
-from model import ModelConfig
+from attnmt.common.errors import UserError
+from attnmt.data.dataset import DataConfig
+from attnmt.data.tokenizer import TokenizerConfig
+from attnmt.decoding.config import SearchConfig
+from attnmt.model import ModelConfig
 
 # The `decoding` group's schema comes from SearchConfig itself (conf/decoding/*.yaml list it
 # first in their defaults), so its defaults are written once and every field can be overridden.

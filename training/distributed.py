@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from common.errors import UserError
-from common.files import atomic_write
-from common.runtime import resolve_device
+from attnmt.common.errors import UserError
+from attnmt.common.files import atomic_write
+from attnmt.common.runtime import resolve_device
 
 log = logging.getLogger(__name__)
 

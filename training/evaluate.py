@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from common.files import atomic_write
-from data.batching import Batch
-from decoding.search import SearchConfig
-from decoding.translator import Translator
-from evaluation import corpus_bleu, corpus_chrf
-from model.kernels import label_smoothed_cross_entropy
-from training import distributed
+from attnmt.common.files import atomic_write
+from attnmt.data.batching import Batch
+from attnmt.decoding.search import SearchConfig
+from attnmt.decoding.translator import Translator
+from attnmt.evaluation import corpus_bleu, corpus_chrf
+from attnmt.model.kernels import label_smoothed_cross_entropy
+from attnmt.training import distributed
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     import datasets
 
-    from training.state import TrainState
+    from attnmt.training.state import TrainState
 
     Autocast = Callable[[], AbstractContextManager]  # a fresh precision context per use
 

@@ -26,17 +26,17 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from checkpoint import (
+from attnmt.checkpoint import (
     CheckpointError,
     CorruptCheckpointError,
     load_checkpoint,
     resolve_checkpoint,
     stored_tokenizer,
 )
-from data.tokenizer import Tokenizer
-from model import ModelConfig
-from training.config import ConfigError, Configs
-from training.state import Trainee, load_optimizer
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.model import ModelConfig
+from attnmt.training.config import ConfigError, Configs
+from attnmt.training.state import Trainee, load_optimizer
 
 log = logging.getLogger(__name__)
 

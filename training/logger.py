@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.tensorboard import SummaryWriter
 
 if TYPE_CHECKING:
-    from decoding.translator import Translator
-    from training.config import LoggerConfig
+    from attnmt.decoding.translator import Translator
+    from attnmt.training.config import LoggerConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class TrainLogger:
         """Cross-attention heatmap (last layer, averaged over heads) of one sentence."""
         if self.writer is None:
             return
-        from decoding.plot import heatmap_image
+        from attnmt.decoding.plot import heatmap_image
 
         src_pieces, tgt_pieces, cross = translator.attention_for(sentence)  # cross: (L, H, T, S)
         image = heatmap_image(src_pieces, tgt_pieces, cross[-1].mean(dim=0), title=f"step {step}")

@@ -29,17 +29,17 @@ import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from common import runtime
-from common.errors import UserError
-from common.memory import keep_freed_memory
-from data.batching import Batch, BatchIterator, prefetch
-from model.kernels import label_smoothed_cross_entropy
-from training import build, distributed
-from training.config import Configs, TrainerConfig
-from training.run import Learner, Run
-from training.run_dir import RunDirLock
-from training.state import TrainState, roll_back
-from training.stop import StopRequests
+from attnmt.common import runtime
+from attnmt.common.errors import UserError
+from attnmt.common.memory import keep_freed_memory
+from attnmt.data.batching import Batch, BatchIterator, prefetch
+from attnmt.model.kernels import label_smoothed_cross_entropy
+from attnmt.training import build, distributed
+from attnmt.training.config import Configs, TrainerConfig
+from attnmt.training.run import Learner, Run
+from attnmt.training.run_dir import RunDirLock
+from attnmt.training.state import TrainState, roll_back
+from attnmt.training.stop import StopRequests
 
 log = logging.getLogger(__name__)
 

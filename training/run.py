@@ -17,15 +17,15 @@ from typing import Any
 
 import torch
 
-from checkpoint import keep_newest_step_checkpoints, load_checkpoint, save_checkpoint
-from common import runtime
-from common.files import atomic_write
-from data.batching import BatchIterator
-from decoding.translator import Translator
-from engine import Engine
-from training import build, distributed
-from training.config import Configs
-from training.evaluate import (
+from attnmt.checkpoint import keep_newest_step_checkpoints, load_checkpoint, save_checkpoint
+from attnmt.common import runtime
+from attnmt.common.files import atomic_write
+from attnmt.data.batching import BatchIterator
+from attnmt.decoding.translator import Translator
+from attnmt.engine import Engine
+from attnmt.training import build, distributed
+from attnmt.training.config import Configs
+from attnmt.training.evaluate import (
     results_summary,
     scores,
     texts,
@@ -33,9 +33,9 @@ from training.evaluate import (
     valid_loss,
     write_results,
 )
-from training.init import command_line_keys, initial_checkpoint
-from training.logger import TrainLogger
-from training.state import Trainee, checkpoint_payloads, resume, rng_state, seed_everything
+from attnmt.training.init import command_line_keys, initial_checkpoint
+from attnmt.training.logger import TrainLogger
+from attnmt.training.state import Trainee, checkpoint_payloads, resume, rng_state, seed_everything
 
 log = logging.getLogger(__name__)
 

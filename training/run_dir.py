@@ -15,7 +15,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from common.errors import UserError
+from attnmt.common.errors import UserError
 
 LOCK_NAME = ".lock"
 

@@ -20,16 +20,16 @@ from typing import Any
 
 import torch
 
-from checkpoint import (
+from attnmt.checkpoint import (
     CheckpointError,
     CorruptCheckpointError,
     load_checkpoint,
     model_payload,
     step_checkpoints,
 )
-from data.tokenizer import Tokenizer
-from training import distributed
-from training.ema import WeightEMA
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.training import distributed
+from attnmt.training.ema import WeightEMA
 
 log = logging.getLogger(__name__)
 

@@ -46,14 +46,14 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from common import runtime
-from common.runtime import DATASHEET_BF16_FLOPS, datasheet_gpu
-from data.batching import Batch, TokenBatchSampler, prefetch, token_lengths
-from training import build, distributed
-from training.config import Configs
-from training.loop import _Window, train_step
-from training.run import Learner
-from training.state import seed_everything
+from attnmt.common import runtime
+from attnmt.common.runtime import DATASHEET_BF16_FLOPS, datasheet_gpu
+from attnmt.data.batching import Batch, TokenBatchSampler, prefetch, token_lengths
+from attnmt.training import build, distributed
+from attnmt.training.config import Configs
+from attnmt.training.loop import _Window, train_step
+from attnmt.training.run import Learner
+from attnmt.training.state import seed_everything
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from training import build, loop
+from attnmt.training import build, loop
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,10 +14,10 @@ no traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import Field, fields
 from pathlib import Path
@@ -31,16 +31,17 @@ from typing import (
     get_type_hints,
 )
 
-from common.errors import UserError
-from common.files import atomic_open, read_lines
-from decoding.config import SearchConfig
-from decoding.inputs import AlignedLines, Input, open_aligned, open_input
+from attnmt.cli.args import Parser, number, program_name
+from attnmt.common.errors import UserError, exit_status
+from attnmt.common.files import atomic_open, read_lines
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.inputs import AlignedLines, Input, open_aligned, open_input
 
 if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are checked
-    from decoding.scoring import TokenScores
-    from decoding.translator import TextHypothesis, Translator
+    from attnmt.decoding.scoring import TokenScores
+    from attnmt.decoding.translator import TextHypothesis, Translator
 
-PROG = "translate.py"
+PROG = program_name("translate.py")
 PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE = ("none", "int8")
 
@@ -51,27 +52,6 @@ _CLI_HELP = {
     "sampling": "; beam_size is not used",
 }
 _SAMPLING_ONLY = ("topk", "topp", "temperature", "seed")  # flags that mean nothing without it
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _number(kind: type, minimum: float | None) -> Callable[[str], int | float]:
-    """An argparse type: an int or float, at least `minimum` when given."""
-    noun = "an integer" if kind is int else "a number"
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if minimum is not None and value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
-        return value
-
-    return parse
 
 
 def _flag(f: Field) -> str:
@@ -95,7 +75,7 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
             spec = {"choices": get_args(kind)}
         else:
             metavar = flags[f.name].lstrip("-").replace("-", "_").upper()
-            spec = {"type": _number(kind, f.metadata["min"]), "metavar": metavar}
+            spec = {"type": number(kind, f.metadata["min"]), "metavar": metavar}
         parser.add_argument(
             flags[f.name],
             dest=f.name,
@@ -132,7 +112,7 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description="Translate sentences with a trained encoder-decoder Transformer.",
         epilog="Input: positional sentences, else --input FILE, else standard input; one "
@@ -155,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runtime_flags(parser)
     add(
         "--inter-threads",
-        type=_number(int, 1),
+        type=number(int, 1),
         default=1,
         metavar="N",
         help="search N batches at once, one thread each, torch's CPU threads divided among them "
@@ -165,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
         "--buffer-size",
-        type=_number(int, 1),
+        type=number(int, 1),
         default=10000,
         metavar="N",
         help="a file (--input, or stdin redirected from one) is read and translated N lines at "
@@ -401,7 +381,7 @@ def run(args: argparse.Namespace) -> None:
 
 def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     """The checkpoint(s) on the device the flags ask for, in a `Translator`."""
-    from decoding.translator import Translator
+    from attnmt.decoding.translator import Translator
 
     model, tokenizer, device = load_model(args, args.checkpoint)
     tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
@@ -414,14 +394,14 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
 def load_model(args: argparse.Namespace, checkpoints: list[str]) -> tuple:
     """(model or ensemble, tokenizer, device type) for `add_runtime_flags`' flags: the device
     resolved, the flags checked against it, CPU malloc tuned, the engine loaded."""
-    from common import runtime
+    from attnmt.common import runtime
 
     device = runtime.resolve_device(args.device, "--device", strict_auto=False).type
     check_quantize(args.quantize, device, args.precision)
     runtime.check_autocast(device, args.precision, "--precision")
 
-    from common.memory import keep_freed_memory
-    from engine import load_engine
+    from attnmt.common.memory import keep_freed_memory
+    from attnmt.engine import load_engine
 
     if device == "cpu":  # the device type: "cpu" or "cuda"
         keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
@@ -431,7 +411,7 @@ def load_model(args: argparse.Namespace, checkpoints: list[str]) -> tuple:
 
 def runtime_precision(args: argparse.Namespace, translator: Translator):  # noqa: ANN201
     """The autocast context of `--precision` on the translator's device."""
-    from common import runtime
+    from attnmt.common import runtime
 
     return runtime.autocast(translator.device.type, args.precision)
 
@@ -509,7 +489,7 @@ def align_all(
     """The word alignment of every hypothesis, Pharaoh-formatted, per sentence. `tagged`:
     each non-empty line starts with a --tag word, which the alignment leaves out (source words
     count from the first word after it)."""
-    from decoding.alignment import format_alignment
+    from attnmt.decoding.alignment import format_alignment
 
     src_ids = translator.tokenizer.encode_src([line.strip() for line in lines])
     pairs = [(i, hyp.tokens) for i, hyps in enumerate(results) for hyp in hyps]
@@ -542,7 +522,7 @@ def score_input(
 
 
 def report_scores(hyps: list[str], refs: list[str]) -> None:
-    from evaluation.bleu import corpus_bleu, corpus_chrf
+    from attnmt.evaluation.bleu import corpus_bleu, corpus_chrf
 
     if not hyps:
         print(f"{PROG}: warning: no input lines, nothing to score", file=sys.stderr)
@@ -552,7 +532,7 @@ def report_scores(hyps: list[str], refs: list[str]) -> None:
 
 
 def plot_first(translator: Translator, first: str | None, path: str) -> None:
-    from decoding.plot import plot_attention
+    from attnmt.decoding.plot import plot_attention
 
     if first is None:
         print(f"{PROG}: warning: every input line is empty; no attention plot", file=sys.stderr)
@@ -560,3 +540,13 @@ def plot_first(translator: Translator, first: str | None, path: str) -> None:
     attn = translator.attention_for(first)
     title = "cross-attention (last layer, mean over heads)"
     plot_attention(attn.src_pieces, attn.tgt_pieces, attn.cross_attn, path, title=title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
+    return exit_status(PROG, lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

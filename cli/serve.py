@@ -21,32 +21,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
-from decoding.cli import add_runtime_flags, add_search_flags, load_model, search_config
+from attnmt.cli.args import Parser, number, program_name
+from attnmt.cli.translate import add_runtime_flags, add_search_flags, load_model, search_config
+from attnmt.common.errors import UserError
 
-PROG = "serve.py"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage block
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _at_least(minimum: float, kind: type = int) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
-        return value
-
-    return parse
+PROG = program_name("serve.py")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description="Serve translations over HTTP (JSON API) with a page that shows the "
         "cross-attention; see docs/serving.md.",
@@ -65,12 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         "several models, routed by language pair or by ID (default: the run dir's name)",
     )
     add("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    add("--port", type=_at_least(0), default=8000, help="port; 0 = any free one (default: 8000)")
+    add("--port", type=number(int, 0), default=8000, help="port; 0 = any free one (default: 8000)")
     add_search_flags(parser)
     add_runtime_flags(parser)
     add(
         "--batch-wait-ms",
-        type=_at_least(0, float),
+        type=number(float, 0),
         default=5.0,
         metavar="MS",
         help="how long the oldest request waits for others to join its batch (default: 5)",
@@ -82,35 +65,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--max-sentences",
-        type=_at_least(1),
+        type=number(int, 1),
         default=64,
         metavar="N",
         help="sentences per /translate request (default: 64)",
     )
     add(
         "--max-chars",
-        type=_at_least(1),
+        type=number(int, 1),
         default=1000,
         metavar="N",
         help="characters per sentence (default: 1000)",
     )
     add(
         "--max-queue",
-        type=_at_least(1),
+        type=number(int, 1),
         default=256,
         metavar="N",
         help="requests waiting for the model; beyond, 429 (default: 256)",
     )
     add(
         "--max-beam",
-        type=_at_least(1),
+        type=number(int, 1),
         default=16,
         metavar="N",
         help="largest beam_size a request may ask for (default: 16)",
     )
     add(
         "--max-output-tokens",
-        type=_at_least(1),
+        type=number(int, 1),
         default=1024,
         metavar="N",
         help="largest output length budget, int(max_len_a * source tokens + max_len_b), a "
@@ -124,14 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--key-rate",
-        type=_at_least(0.001, float),
+        type=number(float, 0.001),
         default=60.0,
         metavar="N",
         help="requests per minute of a key whose line names no cap (default: 60)",
     )
     add(
         "--shutdown-timeout",
-        type=_at_least(1, float),
+        type=number(float, 1),
         default=120.0,
         metavar="SECONDS",
         help="on SIGTERM or Ctrl-C, how long to wait for the requests already received "
@@ -192,8 +175,8 @@ def model_specs(values: list[str]) -> list[tuple[str, str]]:
 def model_info(path: str) -> dict[str, Any]:
     """What `GET /info` reports: languages, sizes, vocabulary, step, and the run's BLEU from
     its results.json when there is one; `languages` holds (sources, targets) for routing."""
-    from checkpoint import load_checkpoint, resolve_checkpoint
-    from server.languages import model_languages
+    from attnmt.checkpoint import load_checkpoint, resolve_checkpoint
+    from attnmt.server.languages import model_languages
 
     file = resolve_checkpoint(path)
     ckpt = load_checkpoint(file)  # read again by load_engine: once, at startup
@@ -234,8 +217,8 @@ def run(args: argparse.Namespace) -> None:
 
     import uvicorn
 
-    from server.app import Limits, ServedModel, Service, create_app
-    from server.keys import KeyRing
+    from attnmt.server.app import Limits, ServedModel, Service, create_app
+    from attnmt.server.keys import KeyRing
 
     keys = KeyRing.from_file(args.api_keys, args.key_rate) if args.api_keys else None
     served: list[ServedModel] = []
@@ -297,11 +280,11 @@ def serve_model(
 
     import torch
 
-    from common import runtime
-    from decoding.translator import Translator
-    from server.app import ServedModel
-    from server.batcher import Batcher
-    from server.languages import is_multilingual
+    from attnmt.common import runtime
+    from attnmt.decoding.translator import Translator
+    from attnmt.server.app import ServedModel
+    from attnmt.server.batcher import Batcher
+    from attnmt.server.languages import is_multilingual
 
     model, tokenizer, device = load_model(args, [path])
     info = model_info(path)
@@ -369,7 +352,7 @@ def serve_model(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from common.errors import exit_status
+    from attnmt.common.errors import exit_status
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
