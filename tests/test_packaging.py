@@ -1,0 +1,99 @@
+"""attnmt installs as one package: a wheel built from the repository holds `attnmt/` and its
+metadata only, works installed (not editable) from any folder, and every module of it imports
+from a folder that holds a user's own `data/`, `model/`, ... packages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ["common", "model", "evaluation", "data", "checkpoint", "decoding", "engine"]
+PACKAGES += ["exporting", "training", "server", "cli"]
+# modules that need an optional extra (`export`: transformers, ctranslate2) at import time
+OPTIONAL = {"attnmt.cli.export_check"}
+
+
+def our_modules() -> list[str]:
+    names = ["attnmt"]
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            names.append(".".join(["attnmt", *parts]))
+    return [n for n in names if n not in OPTIONAL]
+
+
+def run(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
+        env={**os.environ, **env}, timeout=300,
+    )  # fmt: skip
+
+
+IMPORT_ALL = (
+    "import importlib, sys\nfor name in sys.argv[1:] or {names!r}: importlib.import_module(name)\n"
+)
+
+
+def test_every_module_imports_beside_a_users_own_packages(tmp_path: Path) -> None:
+    for name in ["data", "model", "common", "training", "server", "engine", "checkpoint"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("OWNER = 'user'\n")
+    code = IMPORT_ALL.format(names=our_modules())
+    code += "import data, model, attnmt.data\n"
+    code += "assert data.OWNER == model.OWNER == 'user', 'the user folder lost its packages'\n"
+    code += "assert not hasattr(attnmt.data, 'OWNER')\nprint('ok')\n"
+    out = run(code, tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    built = subprocess.run([*cmd, "-w", str(out), str(ROOT)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    return next(out.glob("attnmt-*.whl"))
+
+
+def test_the_wheel_holds_attnmt_only(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names} == {"attnmt", "attnmt-0.1.0.dist-info"}
+    assert "attnmt/conf/train.yaml" in names and "attnmt/conf/model/base.yaml" in names
+    assert "attnmt/server/static/index.html" in names
+    assert "attnmt-0.1.0.dist-info/licenses/LICENSE" in names
+    entry_points = zipfile.ZipFile(wheel).read("attnmt-0.1.0.dist-info/entry_points.txt")
+    for command in ["train", "translate", "serve", "export", "import-hf", "average"]:
+        assert f"attnmt-{command} = ".encode() in entry_points
+
+
+def test_the_wheel_works_installed(wheel: Path, tmp_path: Path) -> None:
+    """Installed into a folder of its own, not editable: imported from there, every module
+    loads, Hydra finds the configs inside the package, and the console commands run."""
+    site = tmp_path / "site"
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+    installed = subprocess.run([*cmd, str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    code = IMPORT_ALL.format(names=our_modules())
+    code += "import attnmt.model; print(attnmt.model.__file__)\n"
+    out = run(code, tmp_path, PYTHONPATH=str(site))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(str(site / "attnmt" / "model")), out.stdout
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    job = subprocess.run(
+        [sys.executable, str(site / "bin" / "attnmt-train"), "--cfg", "job", "model=base"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert job.returncode == 0 and "d_model: 512" in job.stdout, job.stderr[-2000:]
+    bad = subprocess.run(
+        [sys.executable, str(site / "bin" / "attnmt-translate"), "-c", "missing", "x"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.startswith("attnmt-translate: error:"), bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
