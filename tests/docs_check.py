@@ -327,6 +327,7 @@ def all_commands() -> list[Command]:
     for path in [
         *sorted(ROOT.glob("*.py")),
         *sorted((ROOT / "scripts").glob("*.py")),
+        *sorted((ROOT / "cli").glob("*.py")),
         *sorted((ROOT / "benchmarks").glob("*.py")),
     ]:
         commands += docstring_commands(path)
@@ -927,7 +928,7 @@ def check_links(report: Report) -> None:
 
 PACKAGES = (
     "common", "model", "data", "checkpoint", "engine", "decoding", "exporting", "evaluation",
-    "training", "server", "benchmarks",
+    "training", "server", "cli", "benchmarks",
 )  # fmt: skip
 # Name parts that make `a.b.c` a file name, not Python.
 FILE_PARTS = {
@@ -966,6 +967,8 @@ def check_names(report: Report, text: str, rel: str) -> None:
             report.names_checked += 1
             if _is_config_key(span):
                 continue  # `data.max_len`: a key (data/ is also a package)
+            if parts[0] in PACKAGES and parts[0] != "benchmarks":
+                parts = ["attnmt", *parts]  # `decoding.search` names attnmt.decoding.search
             for cut in range(len(parts), 0, -1):
                 try:
                     obj = importlib.import_module(".".join(parts[:cut]))
