@@ -38,7 +38,8 @@ from torch import nn
 
 from attnmt.common.errors import UserError
 from attnmt.common.files import read_lines
-from attnmt.decoding import SearchConfig, TextHypothesis, Translator
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.translator import TextHypothesis, Translator
 from attnmt.decoding.uncached import UncachedModel
 from attnmt.evaluation.bleu import corpus_bleu, corpus_chrf
 from attnmt.model import Transformer

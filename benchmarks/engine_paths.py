@@ -32,7 +32,8 @@ from torch import nn
 from attnmt.checkpoint import load_for_inference
 from attnmt.common.files import read_lines
 from attnmt.common.memory import keep_freed_memory
-from attnmt.decoding import SearchConfig, Translator
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from attnmt.engine.cache import StepKVCache
 from attnmt.engine.engine import PackedLinear

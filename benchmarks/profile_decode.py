@@ -21,7 +21,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from attnmt.common.files import read_lines
-from attnmt.decoding import SearchConfig, Translator
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.translator import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
 

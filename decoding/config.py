@@ -2,7 +2,7 @@
 
 `SearchConfig` is what the search functions and `Translator` take; `conf/decoding/*.yaml` hold
 only what differs from its defaults, and the `translate.py` flags are generated from its
-fields (`decoding.cli`). Imports nothing heavy (no torch), so the command line can be checked
+fields (`cli.translate`). Imports nothing heavy (no torch), so the command line can be checked
 before torch loads.
 """
 

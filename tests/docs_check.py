@@ -299,7 +299,7 @@ def help_commands() -> list[Command]:
     from attnmt.cli.translate import build_parser as translate_parser
 
     out = []
-    for rel, build in (("decoding/cli.py", translate_parser), ("server/cli.py", serve_parser)):
+    for rel, build in (("cli/translate.py", translate_parser), ("cli/serve.py", serve_parser)):
         text = build().format_help()
         for m in re.finditer(r"`([^`]+)`", text):
             try:

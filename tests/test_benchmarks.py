@@ -21,7 +21,8 @@ import torch
 
 from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.common.errors import UserError
-from attnmt.decoding import SearchConfig, beam_search, greedy_search
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.search import beam_search, greedy_search
 from attnmt.decoding.translator import length_sorted_batches
 from attnmt.decoding.uncached import UncachedModel
 from benchmarks import bench_translate, benchmark

@@ -151,12 +151,12 @@ def test_names_of_code_and_config_keys_in_prose_must_exist():
     dc.check_names(
         report,
         "`exporting.hf.hf_search_ids`, `data.max_len`, `engine/cache.py`, `model.safetensors`\n"
-        "`export.convert.hf_search_ids`, `decoding.cli.no_such`, `engine/nowhere.py`\n",
+        "`export.convert.hf_search_ids`, `cli.translate.no_such`, `engine/nowhere.py`\n",
         "docs/new.md",
     )
     assert report.link_failures == [
         "docs/new.md:2: `export.convert.hf_search_ids`: no such module",
-        "docs/new.md:2: `decoding.cli.no_such`: decoding.cli has no 'no_such'",
+        "docs/new.md:2: `cli.translate.no_such`: attnmt.cli.translate has no 'no_such'",
         "docs/new.md:2: `engine/nowhere.py`: no such file",
     ]
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.data.batching import collate, encode_source_batch, pad_rows
 from attnmt.data.tokenizer import Tokenizer
-from attnmt.decoding import SearchConfig
+from attnmt.decoding.config import SearchConfig
 from attnmt.exporting.ct2 import ct2_search_ids, export_ct2
 from attnmt.exporting.hf import export_hf, strip_generated
 from attnmt.exporting.shared import ExportError, budgets, our_search_ids
@@ -421,7 +421,7 @@ def test_hf_sharing_variants_and_separate_tokenizers(
 def separate_tokenizer(folder: Path) -> Tokenizer:
     import datasets
 
-    from attnmt.data.tokenizer import TokenizerConfig, train_or_load_tokenizer
+    from attnmt.data.spm_train import TokenizerConfig, train_or_load_tokenizer
 
     rows = {"src": [s for s, _ in PAIRS], "tgt": [t for _, t in PAIRS]}
     cfg = TokenizerConfig(vocab_size=70, joint=False, input_sentence_size=0)

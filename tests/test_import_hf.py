@@ -28,7 +28,7 @@ import torch
 
 from attnmt.checkpoint import load_for_inference
 from attnmt.data.batching import collate
-from attnmt.decoding import SearchConfig
+from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.translator import Translator
 from attnmt.exporting.shared import budgets
 from attnmt.model.kernels import label_smoothed_cross_entropy

@@ -18,8 +18,9 @@ from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.cli import translate as cli
 from attnmt.common import runtime
 from attnmt.common.errors import UserError
-from attnmt.decoding import SearchConfig, Translator
+from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import beam_search
+from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from attnmt.engine.engine import _copy, _rows
 from attnmt.model import padding_mask

@@ -25,9 +25,10 @@ from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.cli import translate as cli
 from attnmt.common import runtime
 from attnmt.data.tokenizer import Tokenizer
-from attnmt.decoding import SearchConfig, Translator
+from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.ensemble import Ensemble
 from attnmt.decoding.plot import heatmap_image, heatmap_tensor
+from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, single_thread, tiny_tokenizer
 

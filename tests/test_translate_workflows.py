@@ -16,10 +16,11 @@ import torch
 
 from attnmt.cli import translate as cli
 from attnmt.data.batching import encode_source_batch
-from attnmt.decoding import SearchConfig, Translator
 from attnmt.decoding.alignment import format_alignment, word_alignment, word_ids
+from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.ensemble import Ensemble
 from attnmt.decoding.search import greedy_search, sample_search, sample_tokens
+from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from tests.helpers_decoding import PAIRS, SPECIAL, ScriptedModel, UncachedModel, single_thread
 from tests.test_translate_cli import assert_one_line_error, call_main, run_cli
