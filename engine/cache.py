@@ -1,4 +1,4 @@
-"""The engine's KV caches: what the one-token decoder step (`engine.step`) reads and writes.
+"""The engine's KV caches: what the one-token decoder step (`Engine.decoder_step`) reads and writes.
 
 Legend: N rows, B sentences, R slots, H heads, Dh head dim, t positions so far, S src len.
 
@@ -19,7 +19,7 @@ from attnmt.model.attention import KVCache
 
 
 class StepCache(Protocol):
-    """What `engine.step.decoder_step` needs of one layer's cache."""
+    """What `Engine.decoder_step` needs of one layer's cache."""
 
     cross_k: Tensor | None  # (B, H, S, Dh)
     cross_v: Tensor | None

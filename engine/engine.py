@@ -1,5 +1,5 @@
-"""The inference engine: a trained `Transformer`, with the two speed paths that earn their
-place on real sentences beside the model's own code.
+"""The inference engine: a trained `Transformer`, with the speed paths that earn their place on
+real sentences beside the model's own code.
 
 Legend: B sentences, N = B * K decoder rows (K per sentence), S src len, T tgt len, D d_model,
 H heads, Dh head dim, V vocab.
@@ -15,26 +15,20 @@ the model, and adds:
 - with `quantize="int8"`, int8 linear layers (`engine.int8`): the encoder and `decoder_step`
   on copies of the model's linear layers, quantized;
 - in float32 on AMD CPUs, the output projection on oneDNN's pre-packed weight (`PackedLinear`,
-  what Inductor's freezing gives a linear layer with a dynamic row count). Its shape, a few
-  rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest on AMD CPUs:
-  on a Zen 3 (AVX2) the packed matmul ran 1.5-2.6x as fast, and searches of test2016 1.12x
-  (greedy) and 1.15x (beam 5) as fast with the same ids (`python -m benchmarks.engine_paths`;
-  docs/benchmarks.md, "The output projection packed"). In models at least 512 wide
-  (`PACKED_DECODER_WIDTH`: OPUS-MT, `base`) the decoder's linear layers are packed too, and
-  every search runs `decoder_step` on them (1.02-1.14x at OPUS-MT's shape; a wash at 256 wide).
-  The engine packs copies of the weights when it is built: build a new engine after the
-  weights change (validation does, each time).
+  what Inductor's freezing gives a linear layer with a dynamic row count): its shape, a few
+  rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest there. In
+  models at least `PACKED_DECODER_WIDTH` wide the decoder's linear layers are packed too, and
+  every search runs `decoder_step` on them. `python -m benchmarks.engine_paths` decides both
+  (docs/benchmarks.md, "The output projection packed", "The decoder's layers packed"). The
+  engine packs copies of the weights when it is built: build a new engine after the weights
+  change (validation does, each time).
 Otherwise, in float32, `encode` and `decode` are the model's layers, on its `KVCache`.
-The paths measured and removed (pre-packed oneDNN matmuls, plain matmuls for short sources,
-preallocated cache buffers, the one-token step for beam search) gained less than 5% on the one CPU
-they were judged on, an Intel Xeon with AVX-512 and AMX (docs/benchmarks.md, "The engine, path by
-path", `python -m benchmarks.engine_paths`). That rule is not general: on an AMD EPYC Zen 3 (AVX2)
-the one-token step had searched 1.06-1.08x as fast ("On a CPU without AVX-512"), and on AMD CPUs the
-paths were not measured one by one. The decoder step compiled by Inductor on static caches, weights
-frozen (pre-packed for oneDNN), was no replacement on an AVX2-only AMD EPYC: 1.04x greedy, 0.54-0.65x
-at beam 5, after 42-58 s of compiling per process (docs/benchmarks.md, "CPU kinds in one run, and
-the decoder step compiled"). The contract with the model is tested (tests/test_engine.py):
-the same logits up to float rounding, the same hypotheses.
+
+A path stays only where `python -m benchmarks.engine_paths`, which times each path against the
+same decoder without it on real sentences, shows it paying (docs/benchmarks.md, "The engine,
+path by path"); a prototype of the decoder step compiled by Inductor did not pay either ("CPU
+kinds in one run, and the decoder step compiled"). The contract with the model is tested
+(tests/test_engine.py): the same logits up to float rounding, the same hypotheses.
 """
 
 from __future__ import annotations
@@ -327,17 +321,17 @@ class Engine(nn.Module):
 # ------------------------------------------------------------------ the engine's linear layers
 
 
-# The decoder's layers are packed (on AMD CPUs) in models at least this wide. At 512 (OPUS-MT's
-# shape) greedy and beam 5 ran 1.02-1.14x as fast with them packed, natively and AVX2-capped; at
-# 256 (`tiny`) it was a wash, 0.91-1.06x (docs/benchmarks.md, "The decoder's layers packed").
+# The decoder's layers are packed (on AMD CPUs) in models at least this wide: packing them paid
+# at 512 (OPUS-MT's shape), not at 256 (`tiny`) (`python -m benchmarks.engine_paths`;
+# docs/benchmarks.md, "The decoder's layers packed").
 PACKED_DECODER_WIDTH = 512
 
 
 def packing_pays(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether the output projection runs on oneDNN's packed weight here: this torch has it, and
     the CPU is an AMD one, where it paid (module docstring). On Intel CPUs MKL is tuned: packing
-    every linear layer cost 2-4% on a Xeon with AMX (docs/benchmarks.md, "The engine, path by
-    path"), so they keep `F.linear`."""
+    every linear layer cost time on a Xeon with AMX (`python -m benchmarks.engine_paths`;
+    docs/benchmarks.md, "The engine, path by path"), so they keep `F.linear`."""
     if not (
         torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     ):
