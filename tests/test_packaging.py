@@ -5,6 +5,7 @@ from a folder that holds a user's own `data/`, `model/`, ... packages."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -56,8 +57,12 @@ def test_every_module_imports_beside_a_users_own_packages(tmp_path: Path) -> Non
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # built from a copy: setuptools writes build/ and *.egg-info beside the sources
+    source = out / "source"
+    skip = shutil.ignore_patterns(".*", "build", "outputs", "multirun", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, source, ignore=skip)
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-    built = subprocess.run([*cmd, "-w", str(out), str(ROOT)], capture_output=True, text=True)
+    built = subprocess.run([*cmd, "-w", str(out), str(source)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-2000:]
     return next(out.glob("attnmt-*.whl"))
 
