@@ -142,6 +142,23 @@ def build_parser() -> argparse.ArgumentParser:
         "(CTranslate2's inter_threads); same output, more sentences/s where one batch cannot "
         "keep every core busy (default: 1)",
     )
+    add_file_flags(parser)
+    add_prefix_flags(parser)
+    add_output_flags(parser)
+    add_language_flags(parser)
+    add(
+        "--plot-attention",
+        metavar="PNG",
+        help="save the cross-attention heatmap (last layer, mean over heads) of the "
+        "first non-empty input sentence; with several -c, the first checkpoint's attention "
+        "over the ensemble's translation",
+    )
+    return parser
+
+
+def add_file_flags(parser: argparse.ArgumentParser) -> None:
+    """Where sentences come from and translations go: --input, --buffer-size, --output, --ref."""
+    add = parser.add_argument
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
         "--buffer-size",
@@ -161,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="reference translations: print sacreBLEU BLEU and chrF to stderr",
     )
+
+
+def add_prefix_flags(parser: argparse.ArgumentParser) -> None:
+    """What is put before each input line or forced on its translation: --tag, --prefix,
+    --tab-prefix."""
+    add = parser.add_argument
     add(
         "--tag",
         metavar="TAG",
@@ -180,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="each input line is 'SOURCE<TAB>PREFIX' (a line without a tab has no prefix): "
         "--prefix for standard input and interactive use",
     )
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """What is printed instead of or beside the translations: --score, --token-scores,
+    --print-alignment, --alignment-layer."""
+    add = parser.add_argument
     add(
         "--score",
         metavar="FILE",
@@ -208,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="decoder layer whose cross-attention (mean over heads) --print-alignment uses, "
         "0-based, negative from the top (default: the penultimate; see docs/translating.md)",
     )
+
+
+def add_language_flags(parser: argparse.ArgumentParser) -> None:
+    """The languages of a multilingual imported model: --src-lang, --tgt-lang."""
+    add = parser.add_argument
     add(
         "--src-lang",
         metavar="CODE",
@@ -220,14 +254,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="target language of a multilingual imported model (NLLB: deu_Latn; OPUS-MT: "
         "deu for >>deu<<): its language token is forced and not printed",
     )
-    add(
-        "--plot-attention",
-        metavar="PNG",
-        help="save the cross-attention heatmap (last layer, mean over heads) of the "
-        "first non-empty input sentence; with several -c, the first checkpoint's attention "
-        "over the ensemble's translation",
-    )
-    return parser
 
 
 def search_config(args: argparse.Namespace) -> SearchConfig:
