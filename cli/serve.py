@@ -217,8 +217,9 @@ def run(args: argparse.Namespace) -> None:
 
     import uvicorn
 
-    from attnmt.server.app import Limits, ServedModel, Service, create_app
+    from attnmt.server.app import create_app
     from attnmt.server.keys import KeyRing
+    from attnmt.server.service import Limits, ServedModel, Service
 
     keys = KeyRing.from_file(args.api_keys, args.key_rate) if args.api_keys else None
     served: list[ServedModel] = []
@@ -282,9 +283,9 @@ def serve_model(
 
     from attnmt.common import runtime
     from attnmt.decoding.translator import Translator
-    from attnmt.server.app import ServedModel
     from attnmt.server.batcher import Batcher
     from attnmt.server.languages import is_multilingual
+    from attnmt.server.service import ServedModel
 
     model, tokenizer, device = load_model(args, [path])
     info = model_info(path)

@@ -3,9 +3,11 @@ LibreTranslate's, for one or several models, each batching concurrent requests o
 model thread, and a page that shows a translation's cross-attention (`server/static`). See
 docs/serving.md.
 
-Modules (all torch-free but `cli`): `options` (request keys -> `SearchConfig`), `batcher`
-(dynamic batching on a model thread), `languages` (a checkpoint's languages, for routing),
-`html` (LibreTranslate's `format: html`), `keys` (API keys and rate caps), `metrics`
-(Prometheus), `openapi` (the document), `app` (routes, routing, limits, errors), `cli` (the
-`serve.py` flags, loading the models, the run).
+Modules (all torch-free): `options` (request keys -> `SearchConfig`), `batcher` (dynamic
+batching on a model thread), `languages` (a checkpoint's languages, for routing), `html`
+(LibreTranslate's `format: html`), `keys` (API keys and rate caps), `metrics` (Prometheus),
+`service` (the served models, limits and routing), `handling` (what both APIs' handlers
+share: errors, bodies, keys, the output budget, submitting), `libretranslate` (its API),
+`openapi` (the document), `app` (our API, the other routes, `create_app`). The `serve.py`
+flags, loading the models and the run are `attnmt.cli.serve`'s.
 """

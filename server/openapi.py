@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import types
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from attnmt.server.options import INT_RANGE, option_names
-
-if TYPE_CHECKING:
-    from attnmt.server.app import Service
+from attnmt.server.service import Service
 
 ERROR = {
     "type": "object",

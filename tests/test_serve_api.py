@@ -25,11 +25,12 @@ import pytest
 from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.common.errors import UserError
 from attnmt.decoding.config import SearchConfig
-from attnmt.server.app import Limits, RoutingError, ServedModel, Service
 from attnmt.server.batcher import Batcher
 from attnmt.server.html import Document
 from attnmt.server.keys import KeyRejected, KeyRing
 from attnmt.server.languages import is_multilingual, language_name, model_languages
+from attnmt.server.libretranslate import language_list
+from attnmt.server.service import Limits, RoutingError, ServedModel, Service
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, tiny_tokenizer
 from tests.test_serve import ENV, ROOT, post, request, serve
@@ -432,7 +433,7 @@ def test_a_multilingual_model_is_handed_the_requested_pair_a_bilingual_one_none(
         model.batcher.submit(Job(SearchConfig(), ["x"], langs=langs)).result(timeout=10)
         model.batcher.close()
     assert calls == [("deu_Latn", "fra_Latn"), (None, None)]
-    codes = {lang["code"]: lang["targets"] for lang in service.language_list()}
+    codes = {lang["code"]: lang["targets"] for lang in language_list(service.models)}
     assert codes == {"en": ["de"], "eng_Latn": ["fra_Latn"], "deu_Latn": ["fra_Latn", "eng_Latn"]}
 
 

@@ -1,0 +1,113 @@
+"""What the server serves: the models (each with its batcher), the default options, the limits,
+the API keys and the request counters, and the routing of a request to a model. The routes
+(`app`, `libretranslate`) and the OpenAPI document (`openapi`) read it; it imports neither.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from attnmt.decoding.config import SearchConfig
+from attnmt.server.batcher import Batcher
+from attnmt.server.keys import KeyRing
+from attnmt.server.languages import is_multilingual
+from attnmt.server.metrics import Metrics
+
+
+class Limits(NamedTuple):
+    """What one request may ask for (serve.py flags of the same names)."""
+
+    max_sentences: int  # sentences per /translate request (LibreTranslate: lines, text nodes)
+    max_chars: int  # characters per sentence
+    max_beam: int  # beam_size
+    max_output_tokens: int  # int(max_len_a * longest source in tokens + max_len_b)
+
+    @property
+    def max_body(self) -> int:
+        """Request body bytes: room for the sentences (UTF-8: <= 4 bytes a character, JSON
+        escapes up to 6) and the options."""
+        return self.max_sentences * (self.max_chars * 6 + 16) + 65536
+
+
+@dataclass
+class ServedModel:
+    """One model: its id, languages, batcher (model thread), source length function and the
+    facts `GET /info` reports."""
+
+    id: str
+    sources: list[str]
+    targets: list[str]
+    batcher: Batcher
+    count_tokens: Callable[[list[str]], int]  # longest of the sentences, in source tokens
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def multilingual(self) -> bool:
+        return is_multilingual(self.sources, self.targets)
+
+    def describe(self) -> str:
+        pairs = f"{'|'.join(self.sources) or '?'}->{'|'.join(self.targets) or '?'}"
+        return f"{pairs} (model {self.id!r})"
+
+
+class RoutingError(Exception):
+    """No served model for the request's model id or languages; the message lists them."""
+
+
+@dataclass
+class Service:
+    """What the routes serve: the models (the first is the default), the server's default
+    options, its limits and its API keys (None: no keys needed). `create_app` stores it on
+    the Starlette app (`app.state.service`), where every handler reads it."""
+
+    models: list[ServedModel]
+    defaults: SearchConfig
+    limits: Limits
+    keys: KeyRing | None = None
+    in_flight: int = 0  # /translate and /attention requests received and not yet answered
+    answered: int = 0  # ... answered (with a result or an error)
+    cancelled: int = 0  # ... dropped unanswered (shutdown timeout, client gone)
+    metrics: Metrics | None = None  # set by `create_app`
+
+    def route(
+        self, model_id: str | None, src: str | None, tgt: str | None
+    ) -> tuple[ServedModel, tuple[str | None, str | None]]:
+        """The model for a request and the pair to hand it: by id when given (its languages
+        must then fit), else the first model (in `-c` order) that has `src` among its sources
+        and `tgt` among its targets, else the default model when no language is named."""
+        served = "; served: " + ", ".join(m.describe() for m in self.models)
+        if model_id is not None:
+            model = next((m for m in self.models if m.id == model_id), None)
+            if model is None:
+                raise RoutingError(f"unknown model {model_id!r}{served}")
+            for code, codes, side in (
+                (src, model.sources, "source"),
+                (tgt, model.targets, "target"),
+            ):
+                if code is not None and codes and code not in codes:
+                    raise RoutingError(
+                        f"model {model_id!r} has no {side} language {code!r}{served}"
+                    )
+        elif src is None and tgt is None:
+            model = self.models[0]
+        else:
+            found = [
+                m for m in self.models
+                if (src is None or src in m.sources) and (tgt is None or tgt in m.targets)
+            ]  # fmt: skip
+            if not found:
+                raise RoutingError(f"no model translates {src or '?'} -> {tgt or '?'}{served}")
+            model = found[0]
+        if not model.multilingual:
+            return model, (None, None)
+        src = src if src is not None or len(model.sources) != 1 else model.sources[0]
+        tgt = tgt if tgt is not None or len(model.targets) != 1 else model.targets[0]
+        if src is None or tgt is None:
+            raise RoutingError(
+                f"model {model.id!r} is multilingual; name both the source and the target "
+                f"language{served}"
+            )
+        return model, (src, tgt)
