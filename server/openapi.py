@@ -12,7 +12,7 @@ from dataclasses import fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from attnmt.server.options import INT_RANGE, option_names
-from attnmt.server.service import Service
+from attnmt.server.service import Limits, ServedModel, Service
 
 ERROR = {
     "type": "object",
@@ -65,24 +65,46 @@ def _schema(kind: Any) -> dict[str, Any]:
 
 
 def openapi_document(service: Service) -> dict[str, Any]:
+    """The document of a server serving `service` (its models, defaults and limits)."""
     limits = service.limits
     options = option_schemas(service.defaults, limits.max_beam)
+    ours, attention_request = _our_requests(service.models, limits, options)
+    lt_json, lt_form = _libretranslate_requests(service.models, limits)
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "attnmt serve.py",
+            "version": "1",
+            "description": "Translation with attnmt models: our API and LibreTranslate's on "
+            "POST /translate (see docs/serving.md).",
+        },
+        "paths": {
+            **_post_paths(ours, lt_json, lt_form, attention_request),
+            **_get_paths(),
+        },
+    }
+
+
+def _codes(values: list[str], what: str) -> dict[str, Any]:
+    """A routing key: one of `values` (any string when there are none); null counts as not
+    given."""
+    schema: dict[str, Any] = {"type": "string", "nullable": True, "description": what}
+    return {**schema, "enum": [*values, None]} if values else schema
+
+
+def _our_requests(
+    models: list[ServedModel], limits: Limits, options: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Our `/translate` and `/attention` request bodies."""
     text = {"type": "string", "maxLength": limits.max_chars}
-    models = service.models
     sources = sorted({c for m in models for c in m.sources})
     targets = sorted({c for m in models for c in m.targets})
-
-    # A routing key that is null counts as not given.
-    def codes(values: list[str], what: str) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": "string", "nullable": True, "description": what}
-        return {**schema, "enum": [*values, None]} if values else schema
-
     routing = {
-        "model": codes([m.id for m in models], "a model id (GET /models)"),
-        "src_lang": codes(sources, "a source language of a served model"),
-        "tgt_lang": codes(targets, "a target language of a served model"),
-        "source": codes(sources, "same as src_lang (one of the two)"),
-        "target": codes(targets, "same as tgt_lang (one of the two)"),
+        "model": _codes([m.id for m in models], "a model id (GET /models)"),
+        "src_lang": _codes(sources, "a source language of a served model"),
+        "tgt_lang": _codes(targets, "a target language of a served model"),
+        "source": _codes(sources, "same as src_lang (one of the two)"),
+        "target": _codes(targets, "same as tgt_lang (one of the two)"),
         "api_key": {"type": "string", "description": "needed when the server has --api-keys"},
     }
     # The pairs served: a request's languages (and model id) must be those of one model.
@@ -95,16 +117,6 @@ def openapi_document(service: Service) -> dict[str, Any]:
             }
         }
         for m in models
-    ]
-    lt_pairs = [
-        {
-            "properties": {
-                "source": {"enum": m.sources + (["auto"] if len(m.sources) == 1 else [])},
-                "target": {"enum": m.targets},
-            }
-        }
-        for m in models
-        if m.sources and m.targets
     ]
     ours = {
         "type": "object",
@@ -125,6 +137,30 @@ def openapi_document(service: Service) -> dict[str, Any]:
             **options,
         },
     }
+    attention_request = {
+        "type": "object",
+        "required": ["sentence"],
+        "additionalProperties": False,
+        "anyOf": our_pairs,
+        "properties": {"sentence": {**text, "pattern": "\\S"}, **routing, **options},
+    }
+    return ours, attention_request
+
+
+def _libretranslate_requests(
+    models: list[ServedModel], limits: Limits
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LibreTranslate's `/translate` request bodies: JSON, and a form."""
+    lt_pairs = [
+        {
+            "properties": {
+                "source": {"enum": m.sources + (["auto"] if len(m.sources) == 1 else [])},
+                "target": {"enum": m.targets},
+            }
+        }
+        for m in models
+        if m.sources and m.targets
+    ]
     lt_fields = {
         "source": {"type": "string", "minLength": 1, "description": "source language or auto"},
         "target": {"type": "string", "minLength": 1},
@@ -164,12 +200,19 @@ def openapi_document(service: Service) -> dict[str, Any]:
         "anyOf": lt_pairs,
         "properties": {"q": {"type": "string", "minLength": 1}, **lt_fields},
     }
-    strings = {"type": "array", "items": {"type": "string"}}
+    return libretranslate, lt_form
+
+
+STRINGS = {"type": "array", "items": {"type": "string"}}
+
+
+def _translate_answer() -> dict[str, Any]:
+    """`/translate`'s answer: ours or LibreTranslate's."""
     ours_answer = {
         "type": "object",
         "required": ["translations", "scores", "options"],
         "properties": {
-            "translations": strings,
+            "translations": STRINGS,
             "scores": {"type": "array", "items": {"type": "number"}},
             "nbest": {
                 "type": "array",
@@ -196,151 +239,153 @@ def openapi_document(service: Service) -> dict[str, Any]:
         "type": "object",
         "required": ["translatedText"],
         "properties": {
-            "translatedText": {"anyOf": [{"type": "string"}, strings]},
-            "alternatives": {"anyOf": [strings, {"type": "array", "items": strings}]},
+            "translatedText": {"anyOf": [{"type": "string"}, STRINGS]},
+            "alternatives": {"anyOf": [STRINGS, {"type": "array", "items": STRINGS}]},
             "detectedLanguage": {"anyOf": [detected, {"type": "array", "items": detected}]},
         },
     }
-    attention_request = {
-        "type": "object",
-        "required": ["sentence"],
-        "additionalProperties": False,
-        "anyOf": our_pairs,
-        "properties": {"sentence": {**text, "pattern": "\\S"}, **routing, **options},
+    return {"anyOf": [ours_answer, lt_answer]}
+
+
+ATTENTION_ANSWER = {
+    "type": "object",
+    "required": ["translation", "src_pieces", "tgt_pieces", "layers", "heads", "attention"],
+    "properties": {
+        "translation": {"type": "string"},
+        "src_pieces": STRINGS,
+        "tgt_pieces": STRINGS,
+        "layers": {"type": "integer"},
+        "heads": {"type": "integer"},
+        "attention": {"type": "array", "description": "(layers, heads, target, source)"},
+    },
+}
+
+
+def _json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    why = {
+        400: "a malformed body; LibreTranslate: any request it cannot take",
+        403: "a missing or unknown API key (with --api-keys)",
+        413: "over --max-sentences, --max-chars or the body size",
+        422: "an unknown or invalid option, model or language pair",
+        429: "a key over its rate, or --max-queue requests waiting",
+        500: "the model call failed (the server goes on)",
+        503: "the server is shutting down",
     }
-    attention_answer = {
-        "type": "object",
-        "required": ["translation", "src_pieces", "tgt_pieces", "layers", "heads", "attention"],
-        "properties": {
-            "translation": {"type": "string"},
-            "src_pieces": strings,
-            "tgt_pieces": strings,
-            "layers": {"type": "integer"},
-            "heads": {"type": "integer"},
-            "attention": {"type": "array", "description": "(layers, heads, target, source)"},
+    return {str(c): _json_body(ERROR, why[c]) for c in codes}
+
+
+def _get(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"get": {"summary": summary, "responses": {"200": _json_body(schema, "OK")}}}
+
+
+def _post_paths(
+    ours: dict[str, Any],
+    libretranslate: dict[str, Any],
+    lt_form: dict[str, Any],
+    attention_request: dict[str, Any],
+) -> dict[str, Any]:
+    """`POST /translate` and `POST /attention`."""
+    return {
+        "/translate": {
+            "post": {
+                "summary": "Translate: {sentences} (attnmt) or {q, source, target} "
+                "(LibreTranslate, JSON or form)",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"oneOf": [ours, libretranslate]}},
+                        "application/x-www-form-urlencoded": {"schema": lt_form},
+                    },
+                },
+                "responses": {
+                    "200": _json_body(_translate_answer(), "translations"),
+                    **_errors(400, 403, 413, 422, 429, 500, 503),
+                },
+            }
+        },
+        "/attention": {
+            "post": {
+                "summary": "A translation and its cross-attention",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": attention_request}},
+                },
+                "responses": {
+                    "200": _json_body(ATTENTION_ANSWER, "the attention"),
+                    **_errors(400, 403, 413, 422, 429, 500, 503),
+                },
+            }
         },
     }
+
+
+def _get_paths() -> dict[str, Any]:
+    """The `GET` routes: the lists, the facts, the metrics, this document and the page."""
     language = {
         "type": "object",
         "required": ["code", "name", "targets"],
-        "properties": {"code": {"type": "string"}, "name": {"type": "string"}, "targets": strings},
+        "properties": {"code": {"type": "string"}, "name": {"type": "string"}, "targets": STRINGS},
     }
     model = {
         "type": "object",
         "required": ["id", "source_languages", "target_languages"],
         "properties": {
             "id": {"type": "string"},
-            "source_languages": strings,
-            "target_languages": strings,
+            "source_languages": STRINGS,
+            "target_languages": STRINGS,
             "multilingual": {"type": "boolean"},
         },
     }
-
-    def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
-        return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-    def errors(*codes: int) -> dict[str, Any]:
-        why = {
-            400: "a malformed body; LibreTranslate: any request it cannot take",
-            403: "a missing or unknown API key (with --api-keys)",
-            413: "over --max-sentences, --max-chars or the body size",
-            422: "an unknown or invalid option, model or language pair",
-            429: "a key over its rate, or --max-queue requests waiting",
-            500: "the model call failed (the server goes on)",
-            503: "the server is shutting down",
-        }
-        return {str(c): json_body(ERROR, why[c]) for c in codes}
-
-    def get(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
-        return {"get": {"summary": summary, "responses": {"200": json_body(schema, "OK")}}}
-
     return {
-        "openapi": "3.0.3",
-        "info": {
-            "title": "attnmt serve.py",
-            "version": "1",
-            "description": "Translation with attnmt models: our API and LibreTranslate's on "
-            "POST /translate (see docs/serving.md).",
+        "/languages": _get("LibreTranslate's language list", {"type": "array", "items": language}),
+        "/models": _get(
+            "The served models",
+            {
+                "type": "object",
+                "required": ["models"],
+                "properties": {"models": {"type": "array", "items": model}},
+            },
+        ),  # fmt: skip
+        "/info": _get("The default model's facts, the options and limits", {"type": "object"}),
+        "/health": _get(
+            "Liveness and counters",
+            {
+                "type": "object",
+                "required": ["status"],
+                "properties": {
+                    "status": {"type": "string"},
+                    "in_flight": {"type": "integer"},
+                    "queued": {"type": "integer"},
+                    "answered": {"type": "integer"},
+                    "batches": {"type": "integer"},
+                },
+            },
+        ),  # fmt: skip
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "text format 0.0.4",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
         },
-        "paths": {
-            "/translate": {
-                "post": {
-                    "summary": "Translate: {sentences} (attnmt) or {q, source, target} "
-                    "(LibreTranslate, JSON or form)",
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {"schema": {"oneOf": [ours, libretranslate]}},
-                            "application/x-www-form-urlencoded": {"schema": lt_form},
-                        },
-                    },
-                    "responses": {
-                        "200": json_body({"anyOf": [ours_answer, lt_answer]}, "translations"),
-                        **errors(400, 403, 413, 422, 429, 500, 503),
-                    },
-                }
-            },
-            "/attention": {
-                "post": {
-                    "summary": "A translation and its cross-attention",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": attention_request}},
-                    },
-                    "responses": {
-                        "200": json_body(attention_answer, "the attention"),
-                        **errors(400, 403, 413, 422, 429, 500, 503),
-                    },
-                }
-            },
-            "/languages": get(
-                "LibreTranslate's language list", {"type": "array", "items": language}
-            ),
-            "/models": get(
-                "The served models",
-                {
-                    "type": "object",
-                    "required": ["models"],
-                    "properties": {"models": {"type": "array", "items": model}},
+        "/openapi.json": _get("This document", {"type": "object"}),
+        "/": {
+            "get": {
+                "summary": "The page",
+                "responses": {
+                    "200": {
+                        "description": "HTML",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
                 },
-            ),  # fmt: skip
-            "/info": get("The default model's facts, the options and limits", {"type": "object"}),
-            "/health": get(
-                "Liveness and counters",
-                {
-                    "type": "object",
-                    "required": ["status"],
-                    "properties": {
-                        "status": {"type": "string"},
-                        "in_flight": {"type": "integer"},
-                        "queued": {"type": "integer"},
-                        "answered": {"type": "integer"},
-                        "batches": {"type": "integer"},
-                    },
-                },
-            ),  # fmt: skip
-            "/metrics": {
-                "get": {
-                    "summary": "Prometheus metrics",
-                    "responses": {
-                        "200": {
-                            "description": "text format 0.0.4",
-                            "content": {"text/plain": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
-            "/openapi.json": get("This document", {"type": "object"}),
-            "/": {
-                "get": {
-                    "summary": "The page",
-                    "responses": {
-                        "200": {
-                            "description": "HTML",
-                            "content": {"text/html": {"schema": {"type": "string"}}},
-                        }
-                    },
-                }
-            },
+            }
         },
     }
