@@ -93,7 +93,7 @@ from attnmt.exporting.hf import check_marian, to_marian
 from attnmt.exporting.shared import INSTALL_HINT, require
 from attnmt.model import ModelConfig, SinusoidalPositionalEncoding, Transformer
 from attnmt.model.config import ACTIVATIONS
-from attnmt.model.kernels import label_smoothed_cross_entropy
+from attnmt.training.kernels import label_smoothed_cross_entropy
 from benchmarks import peers
 
 ROOT = Path(__file__).resolve().parent.parent

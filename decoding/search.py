@@ -255,7 +255,7 @@ def pick_tokens(
 
     Shape: logits (N, V) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
     """
-    # float32 as in `model.log_probs`; one fused pass: logsumexp's sub + exp_ + amax took 48 ms
+    # float32 (bf16 is too coarse); one fused pass: logsumexp's sub + exp_ + amax took 48 ms
     # of a beam-5 search profile on an AMD EPYC Zen 4 (docs/benchmarks.md, "What the numbers
     # rest on", `python -m benchmarks.profile_decode --beam 5`)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)

@@ -1,29 +1,24 @@
 """The Transformer architecture: nn.Modules only, no file I/O, no text."""
 
 from attnmt.model.attention import (
-    AdditiveAttention,
     AttentionOutput,
-    DotProductAttention,
     KVCache,
     MultiHeadAttention,
     attention,
     causal_mask,
-    lengths_to_mask,
     masked_softmax,
     padding_mask,
 )
 from attnmt.model.config import ModelConfig
 from attnmt.model.layers import DecoderLayer, EncoderLayer, FeedForward
 from attnmt.model.positional import SinusoidalPositionalEncoding, sinusoid_table
-from attnmt.model.transformer import AttentionMaps, Decoder, Encoder, Transformer, log_probs
+from attnmt.model.transformer import AttentionMaps, Decoder, Encoder, Transformer
 
 __all__ = [
-    "AdditiveAttention",
     "AttentionMaps",
     "AttentionOutput",
     "Decoder",
     "DecoderLayer",
-    "DotProductAttention",
     "Encoder",
     "EncoderLayer",
     "FeedForward",
@@ -34,8 +29,6 @@ __all__ = [
     "Transformer",
     "attention",
     "causal_mask",
-    "lengths_to_mask",
-    "log_probs",
     "masked_softmax",
     "padding_mask",
     "sinusoid_table",

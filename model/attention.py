@@ -1,4 +1,6 @@
-"""Attention: masks, masked softmax, scoring functions, multi-head attention and its KV cache.
+"""Attention (Vaswani et al. 2017, sec. 3.2): masks, masked softmax, multi-head attention and
+its KV cache. The paper's other scoring function, additive attention, and single-head scaled
+dot-product attention are teaching code in examples/attention_scoring.py.
 
 Legend: B batch, T query len, S key len, D d_model, H heads, Dh head dim (D / H).
 Masks are bool and True means "may attend" (the convention of
@@ -16,12 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmt.model.kernels import Dropout, dropout
-
 
 class AttentionOutput(NamedTuple):
-    output: Tensor  # (B, T, Dv) or (B, T, D)
-    weights: Tensor | None  # (B, T, S) or (B, H, T, S), only when asked for
+    output: Tensor  # (B, T, D) or, per head, (B, H, T, Dh)
+    weights: Tensor | None  # (B, H, T, S), only when asked for
 
 
 # ---------------------------------------------------------------------------- masks
@@ -30,13 +30,6 @@ class AttentionOutput(NamedTuple):
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     """(B, S) token ids -> (B, S) bool, True at real tokens."""
     return ids.ne(pad_id)
-
-
-def lengths_to_mask(valid_lens: Tensor, n_keys: int) -> Tensor:
-    """Valid lengths per row (B,) or per query (B, T) -> key mask (B, 1, S) or (B, T, S)."""
-    positions = torch.arange(n_keys, device=valid_lens.device)  # (S,)
-    mask = positions < valid_lens.unsqueeze(-1)  # (B, S) or (B, T, S)
-    return mask.unsqueeze(1) if valid_lens.dim() == 1 else mask
 
 
 def causal_mask(
@@ -54,81 +47,14 @@ def causal_mask(
     return k_pos <= q_pos  # (T, S)
 
 
-def masked_softmax(
-    scores: Tensor, valid_lens: Tensor | None = None, mask: Tensor | None = None
-) -> Tensor:
-    """Softmax over the last axis in which masked keys get weight exactly 0.
-
-    Args:
-        scores: (B, T, S) or (B, H, T, S).
-        valid_lens: (B,) keys per row, or (B, T) keys per query.
-        mask: bool, broadcastable to `scores`, True = may attend (combined with `valid_lens`).
-
-    A row with no valid key returns all zeros rather than NaN.
-    """
-    if valid_lens is not None:
-        len_mask = lengths_to_mask(valid_lens, scores.size(-1))  # (B, 1|T, S)
-        while len_mask.dim() < scores.dim():
-            len_mask = len_mask.unsqueeze(1)  # broadcast over heads: (B, 1, 1|T, S)
-        mask = len_mask if mask is None else mask & len_mask
+def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Softmax over the last axis of `scores` (B, H, T, S) in which keys where the bool `mask`
+    (broadcastable to `scores`) is False get weight exactly 0. A row with no valid key returns
+    all zeros rather than NaN."""
     if mask is None:
         return F.softmax(scores, dim=-1)
     weights = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     return weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty rows: NaN -> 0
-
-
-# ---------------------------------------------------------------- scoring functions
-
-
-class DotProductAttention(nn.Module):
-    """Scaled dot-product attention: softmax(q k^T / sqrt(d)) v (Vaswani et al., eq. 1)."""
-
-    def __init__(self, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.dropout = Dropout(dropout)
-
-    def forward(
-        self,
-        queries: Tensor,  # (B, T, d)
-        keys: Tensor,  # (B, S, d)
-        values: Tensor,  # (B, S, dv)
-        valid_lens: Tensor | None = None,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
-        scores = queries @ keys.transpose(-2, -1) / math.sqrt(queries.size(-1))  # (B, T, S)
-        weights = masked_softmax(scores, valid_lens, mask)  # (B, T, S)
-        output = self.dropout(weights) @ values  # (B, T, dv)
-        return AttentionOutput(output, weights if need_weights else None)
-
-
-class AdditiveAttention(nn.Module):
-    """Additive (Bahdanau) attention: score(q, k) = w_v . tanh(W_q q + W_k k), no biases.
-
-    Queries and keys may have different sizes (Bahdanau et al. 2015, eq. 6 / appendix A).
-    """
-
-    def __init__(self, key_size: int, query_size: int, n_hidden: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.W_k = nn.Linear(key_size, n_hidden, bias=False)
-        self.W_q = nn.Linear(query_size, n_hidden, bias=False)
-        self.w_v = nn.Linear(n_hidden, 1, bias=False)
-        self.dropout = Dropout(dropout)
-
-    def forward(
-        self,
-        queries: Tensor,  # (B, T, query_size)
-        keys: Tensor,  # (B, S, key_size)
-        values: Tensor,  # (B, S, dv)
-        valid_lens: Tensor | None = None,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> AttentionOutput:
-        features = self.W_q(queries).unsqueeze(2) + self.W_k(keys).unsqueeze(1)  # (B, T, S, h)
-        scores = self.w_v(torch.tanh(features)).squeeze(-1)  # (B, T, S)
-        weights = masked_softmax(scores, valid_lens, mask)  # (B, T, S)
-        output = self.dropout(weights) @ values  # (B, T, dv)
-        return AttentionOutput(output, weights if need_weights else None)
 
 
 # ------------------------------------------------------------- multi-head attention
@@ -191,7 +117,7 @@ def attention(
     v: Tensor,  # (B, H, S, Dh)
     mask: Tensor | None = None,  # bool, broadcastable to (B, H, T, S)
     is_causal: bool = False,  # query i sees keys <= i (right-aligned when T < S)
-    dropout_p: float = 0.0,  # on the weights; 0 at inference
+    dropout: nn.Dropout | None = None,  # on the weights, in training mode
     need_weights: bool = False,
 ) -> AttentionOutput:
     """Scaled dot-product attention of every head: softmax(q k^T / sqrt(Dh)) v (eq. 1).
@@ -202,8 +128,8 @@ def attention(
     """
     # bf16/fp16 on the CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
     # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
-    # faster than either at Multi30k's lengths (`python -m benchmarks.bench_attention` on a
-    # 2-core CPU with AVX512-BF16; docs/benchmarks.md, "bf16 against fp32").
+    # faster than either at Multi30k's lengths (docs/benchmarks.md, "bf16 against fp32").
+    dropout_p = dropout.p if dropout is not None and dropout.training else 0.0
     explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
     if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):
         # SDPA's is_causal is top-left aligned and cannot be combined with a mask: build ours.
@@ -217,7 +143,8 @@ def attention(
         return AttentionOutput(context, None)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
     weights = masked_softmax(scores.float(), mask=mask).to(q.dtype)  # (B, H, T, S)
-    context = dropout(weights, dropout_p) @ v  # (B, H, T, Dh)
+    kept = dropout(weights) if dropout is not None and dropout_p > 0 else weights
+    context = kept @ v  # (B, H, T, Dh)
     return AttentionOutput(context, weights if need_weights else None)
 
 
@@ -235,7 +162,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.dropout = dropout
+        self.dropout = nn.Dropout(dropout)  # on the attention weights
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
@@ -265,8 +192,7 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> AttentionOutput:
         """softmax(q k^T / sqrt(Dh)) v per head, heads concatenated, then `out_proj` (eq. 1)."""
-        dropout_p = self.dropout if self.training else 0.0
-        context, weights = attention(q, k, v, mask, is_causal, dropout_p, need_weights)
+        context, weights = attention(q, k, v, mask, is_causal, self.dropout, need_weights)
         B, H, T, Dh = context.shape
         context = context.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
         return AttentionOutput(self.out_proj(context), weights)
@@ -288,7 +214,7 @@ class MultiHeadAttention(nn.Module):
     def project_cross(self, x: Tensor, memory: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """q from x (B, T, D), k and v from memory (B, S, D), each (B, H, T|S, Dh): the q and
         k | v parts of `in_proj` as one split, whose backward is one op where two slices take
-        five (zero fill, copy, add; `python -m training.step_check`'s kernels per update)."""
+        five (zero fill, copy, add)."""
         D = self.d_model
         w_q, w_kv = self.in_proj.weight.split([D, 2 * D])
         b_q, b_kv = self.in_proj.bias.split([D, 2 * D])

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-ACTIVATIONS = ("relu", "gelu", "silu")
-POSITION_LAYOUTS = ("interleaved", "halves", "fairseq")
+# The values of ModelConfig's variant fields (below); `__post_init__` checks them.
+Activation = Literal["relu", "gelu", "silu"]
+PositionLayout = Literal["interleaved", "halves", "fairseq"]  # see `positional.sinusoid_table`
+ACTIVATIONS: tuple[Activation, ...] = get_args(Activation)
+POSITION_LAYOUTS: tuple[PositionLayout, ...] = get_args(PositionLayout)
 
 
 @dataclass
@@ -31,9 +35,9 @@ class ModelConfig:
     share_embeddings: bool = True  # one embedding table for source and target (joint vocab)
     tie_output: bool = True  # output projection shares the target embedding (sec. 3.4)
     # Variants of imported models (scripts/import_hf.py); the defaults are the paper's model.
-    activation: str = "relu"  # feed-forward: relu (paper, NLLB), gelu, silu (OPUS-MT: swish)
+    activation: Activation = "relu"  # feed-forward: relu (paper, NLLB), gelu, silu (OPUS-MT)
     output_bias: bool = False  # a bias on the logits (OPUS-MT's final_logits_bias)
-    positions: str = "interleaved"  # sin/cos layout: interleaved, halves (OPUS-MT), fairseq (NLLB)
+    positions: PositionLayout = "interleaved"  # interleaved, halves (OPUS-MT), fairseq (NLLB)
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:

@@ -15,8 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnmt.model.attention import AttentionOutput, KVCache, MultiHeadAttention, causal_mask
-from attnmt.model.config import ModelConfig
-from attnmt.model.kernels import Dropout, dropout
+from attnmt.model.config import Activation, ModelConfig
 
 
 def rows_per_sentence(n_rows: int, n_sentences: int) -> int:
@@ -34,24 +33,25 @@ class LayerOutput(NamedTuple):
 
 # The feed-forward activation by `ModelConfig.activation`: ReLU in the paper; GELU and SiLU
 # (swish) in imported models.
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
 
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: max(0, x W1 + b1) W2 + b2 (eq. 2)."""
 
     def __init__(
-        self, d_model: int, d_ff: int, act_dropout: float = 0.0, activation: str = "relu"
+        self, d_model: int, d_ff: int, act_dropout: float = 0.0, activation: Activation = "relu"
     ) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.act_dropout = act_dropout
-        self.activation = ACTIVATIONS[activation]
+        self.act_dropout = nn.Dropout(act_dropout)
+        self.activation = _ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.activation(self.linear1(x))  # (B, T, F)
-        hidden = dropout(hidden, self.act_dropout, self.training)
+        if self.training:  # skipped at inference: a module call
+            hidden = self.act_dropout(hidden)
         return self.linear2(hidden)  # (B, T, D)
 
 
@@ -61,7 +61,7 @@ class _ResidualLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, n_sublayers: int) -> None:
         super().__init__()
         self.norm_first = cfg.norm_first
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(cfg.d_model) for _ in range(n_sublayers))
 
     def sublayer_input(self, x: Tensor, i: int) -> Tensor:

@@ -7,11 +7,11 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnmt.model.kernels import Dropout
+from attnmt.model.config import PositionLayout
 
 
 def sinusoid_table(
-    n_positions: int, d_model: int, layout: str = "interleaved", pad_id: int = 0
+    n_positions: int, d_model: int, layout: PositionLayout = "interleaved", pad_id: int = 0
 ) -> Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
 
@@ -54,13 +54,13 @@ class SinusoidalPositionalEncoding(nn.Module):
         d_model: int,
         dropout: float = 0.0,
         initial_len: int = 1024,
-        layout: str = "interleaved",
+        layout: PositionLayout = "interleaved",
         pad_id: int = 0,
     ) -> None:
         super().__init__()
         self.d_model = d_model
         self.layout, self.pad_id = layout, pad_id  # see `sinusoid_table`
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         table = sinusoid_table(initial_len, d_model, layout, pad_id)
         self.register_buffer("table", table, persistent=False)
 
@@ -83,4 +83,5 @@ class SinusoidalPositionalEncoding(nn.Module):
         end = offset + x.size(1)
         if end > self.table.size(0):
             self._grow(end)
-        return self.dropout(x + self.table[offset:end].to(x.dtype))  # table slice: (T, D)
+        x = x + self.table[offset:end].to(x.dtype)  # table slice: (T, D)
+        return self.dropout(x) if self.training else x  # skipped at inference: a module call

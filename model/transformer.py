@@ -9,7 +9,6 @@ import math
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -202,8 +201,3 @@ class Transformer(nn.Module):
     def num_parameters(self) -> int:
         """Distinct parameters (tied weights counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-
-def log_probs(logits: Tensor) -> Tensor:
-    """Log-softmax in float32 (bf16 logits lose too much precision for search scores)."""
-    return F.log_softmax(logits.float(), dim=-1)

@@ -1,24 +1,37 @@
-"""Masks, masked softmax, attention scoring functions, multi-head attention, and the two
-behaviours every Transformer must have: the decoder is causal, and source padding is invisible.
+"""Masks, masked softmax, the attention scoring functions (examples/attention_scoring.py),
+multi-head attention, and the two behaviours every Transformer must have: the decoder is
+causal, and source padding is invisible.
 
 Legend: B batch, T query len, S key len, H heads, Dh head dim. Masks: True = may attend.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from attnmt.model import (
-    AdditiveAttention,
-    DotProductAttention,
-    MultiHeadAttention,
-    causal_mask,
-    lengths_to_mask,
-    masked_softmax,
-)
+from attnmt.model import MultiHeadAttention, causal_mask, masked_softmax
+
+
+def _load_example(name: str):
+    """examples/NAME.py as a module (examples/ is teaching code, not a package)."""
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+scoring = _load_example("attention_scoring")
+AdditiveAttention = scoring.AdditiveAttention
+DotProductAttention = scoring.DotProductAttention
+lengths_to_mask = scoring.lengths_to_mask
+masked_softmax_lengths = scoring.masked_softmax_lengths
 
 PAD = 0
 VOCAB = 40
@@ -38,7 +51,7 @@ def random_ids(*shape: int) -> torch.Tensor:
 
 def test_masked_softmax_per_row_lengths_d2l_example() -> None:
     scores = torch.rand(2, 2, 4)
-    weights = masked_softmax(scores, torch.tensor([2, 3]))
+    weights = masked_softmax_lengths(scores, torch.tensor([2, 3]))
     assert torch.all(weights[0, :, 2:] == 0)  # row 0: keys 2, 3 masked, exactly 0
     assert torch.all(weights[1, :, 3:] == 0)  # row 1: key 3 masked
     assert torch.all(weights[0, :, :2] > 0) and torch.all(weights[1, :, :3] > 0)
@@ -51,7 +64,7 @@ def test_masked_softmax_per_row_lengths_d2l_example() -> None:
 def test_masked_softmax_per_query_lengths_d2l_example() -> None:
     scores = torch.rand(2, 2, 4)
     lens = torch.tensor([[1, 3], [2, 4]])
-    weights = masked_softmax(scores, lens)
+    weights = masked_softmax_lengths(scores, lens)
     for b in range(2):
         for t in range(2):
             n = lens[b, t].item()
@@ -82,7 +95,7 @@ def test_masked_softmax_without_mask_is_softmax() -> None:
 
 def test_masked_softmax_row_without_valid_key_is_zero_not_nan() -> None:
     scores = torch.randn(3, 2, 4, requires_grad=True)
-    weights = masked_softmax(scores, torch.tensor([0, 2, 4]))
+    weights = masked_softmax_lengths(scores, torch.tensor([0, 2, 4]))
     assert not torch.isnan(weights).any()
     assert torch.all(weights[0] == 0)
     torch.testing.assert_close(weights[1:].sum(-1), torch.ones(2, 2), atol=1e-6, rtol=0.0)
@@ -96,7 +109,7 @@ def test_masked_softmax_4d_scores_broadcast_over_heads(per_query: bool) -> None:
     B, H, T, S = 2, 3, 4, 5
     scores = torch.randn(B, H, T, S)
     lens = torch.tensor([[1, 2, 3, 5], [5, 4, 3, 2]]) if per_query else torch.tensor([2, 5])
-    weights = masked_softmax(scores, lens)  # (B, H, T, S)
+    weights = masked_softmax_lengths(scores, lens)  # (B, H, T, S)
     assert weights.shape == (B, H, T, S)
     n_keys = lens if per_query else lens[:, None].expand(B, T)
     for b in range(B):
@@ -312,6 +325,19 @@ def test_mha_bf16_autocast_on_cpu_matches_float64_reference(case: str) -> None:
     assert error < 2e-2, error
     out.output.float().sum().backward()  # and it trains
     assert torch.isfinite(mha.in_proj.weight.grad).all()
+
+
+def test_mha_bf16_explicit_path_drops_attention_weights_in_training_only() -> None:
+    """The explicit path (bf16 on the CPU) applies the module's dropout to the weights: at
+    p = 1 every weight is dropped and only `out_proj`'s bias is left; in eval, nothing is."""
+    mha = MultiHeadAttention(D, H, dropout=1.0)
+    x, _, _, _, _ = mha_inputs("none")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dropped = mha.train()(x).output
+        kept = mha.eval()(x).output
+    bias = mha.out_proj.bias.to(torch.bfloat16).expand_as(dropped)
+    torch.testing.assert_close(dropped, bias, atol=0.0, rtol=0.0)
+    assert not torch.equal(kept, bias)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -19,8 +19,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from attnmt.data.batching import Batch, collate
-from attnmt.model.kernels import label_smoothed_cross_entropy
 from attnmt.training.build import wrap_model
+from attnmt.training.kernels import label_smoothed_cross_entropy
 from tests.train_helpers import ROOT, toy, train_cmd
 
 pytestmark = pytest.mark.slow

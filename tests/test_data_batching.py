@@ -270,7 +270,7 @@ def test_bucket_growth_must_be_above_one() -> None:
 def test_a_wider_padding_changes_no_loss_or_gradient(tmp_path) -> None:
     """Padding a batch to a rung's widths is invisible to the model: the same loss and
     gradients (dropout off), so buckets change shapes, not what is learned."""
-    from attnmt.model.kernels import label_smoothed_cross_entropy
+    from attnmt.training.kernels import label_smoothed_cross_entropy
     from tests.train_helpers import toy
 
     run = toy(tmp_path, "model.dropout=0.0")

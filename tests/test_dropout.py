@@ -1,11 +1,13 @@
-"""model/kernels.py: the CPU dropout is dropout (rate, scale, gradient, seeding, modes)."""
+"""training/kernels.py: the CPU dropout is dropout (rate, scale, gradient, seeding, modes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
-from attnmt.model.kernels import Dropout, dropout
+from attnmt.model import Transformer
+from attnmt.training.kernels import Dropout, dropout, use_fast_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
@@ -70,3 +72,28 @@ def test_non_cpu_tensors_use_torch_dropout():
     x = torch.empty(4, 8, device="meta")
     y = dropout(x, 0.1)
     assert y.device.type == "meta" and y.shape == x.shape
+
+
+def test_use_fast_dropout_swaps_every_dropout_of_the_model(tiny_config):
+    """Training's swap reaches all four dropouts of the model (sublayer outputs, embeddings +
+    positions, attention weights, after the FFN activation), keeps their rates, and leaves the
+    weights, and so the checkpoints, as they were."""
+    model = Transformer(tiny_config(dropout=0.1, attn_dropout=0.2, act_dropout=0.3))
+    rates = {name: m.p for name, m in model.named_modules() if isinstance(m, nn.Dropout)}
+    assert set(rates.values()) == {0.1, 0.2, 0.3}
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert use_fast_dropout(model) is model
+    swapped = {
+        name: (type(m), m.p) for name, m in model.named_modules() if isinstance(m, nn.Dropout)
+    }
+    assert swapped == {name: (Dropout, p) for name, p in rates.items()}
+    assert state.keys() == model.state_dict().keys()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    src, tgt = torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4))
+    model.train()
+    torch.manual_seed(3)
+    a = model(src, tgt)
+    torch.manual_seed(3)
+    assert torch.equal(a, model(src, tgt))  # seeded: the same masks
+    model.eval()
+    assert not torch.equal(a, model(src, tgt))  # ... which eval does not apply

@@ -31,7 +31,7 @@ from attnmt.data.batching import collate
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.translator import Translator
 from attnmt.exporting.shared import budgets
-from attnmt.model.kernels import label_smoothed_cross_entropy
+from attnmt.training.kernels import label_smoothed_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "fixtures" / "toy"

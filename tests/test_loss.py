@@ -1,4 +1,4 @@
-"""model/kernels.py: label-smoothed cross-entropy against its formula, padding ignored."""
+"""training/kernels.py: label-smoothed cross-entropy against its formula, padding ignored."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnmt.model.kernels import label_smoothed_cross_entropy
+from attnmt.training.kernels import label_smoothed_cross_entropy
 
 PAD = 0
 
@@ -83,7 +83,7 @@ def _formula(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Te
 def test_gradient_equals_autograd_of_the_formula_across_row_blocks(monkeypatch):
     """The hand-written backward is d loss / d logits of the formula, also when the rows are
     cut into blocks (a block boundary inside the batch, and a last block that is short)."""
-    import attnmt.model.kernels as loss_module
+    import attnmt.training.kernels as loss_module
 
     monkeypatch.setattr(loss_module, "_BLOCK_ELEMENTS", 3 * 11)  # 3 rows of 11 per block
     torch.manual_seed(3)

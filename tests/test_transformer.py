@@ -16,7 +16,6 @@ from attnmt.model import (
     KVCache,
     ModelConfig,
     Transformer,
-    log_probs,
     padding_mask,
 )
 
@@ -217,13 +216,6 @@ def test_gradients_reach_every_parameter(tiny_config) -> None:
         assert p.grad is not None and p.grad.abs().sum() > 0, name
     for embed in (model.src_embed, model.tgt_embed):  # padding_idx: the pad row never moves
         assert torch.all(embed.weight.grad[PAD] == 0)
-
-
-def test_log_probs_are_float32_and_normalised() -> None:
-    logits = torch.randn(2, 3, VOCAB, dtype=torch.bfloat16)
-    lp = log_probs(logits)
-    assert lp.dtype == torch.float32
-    torch.testing.assert_close(lp.exp().sum(-1), torch.ones(2, 3), atol=1e-5, rtol=0.0)
 
 
 # -------------------------------------------------------------------- attention maps

@@ -43,6 +43,7 @@ from attnmt.model import ModelConfig
 from attnmt.training import distributed
 from attnmt.training.config import Configs, OptimConfig
 from attnmt.training.ema import WeightEMA
+from attnmt.training.kernels import use_fast_dropout
 from attnmt.training.schedule import inverse_sqrt_warmup, noam
 from attnmt.training.state import Trainee, TrainState
 
@@ -234,7 +235,7 @@ def prepare_data(
 def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> Trainee:
     """A fresh model (`checkpoint.build_model`) with its optimizer, loss scaler, train state."""
     model_cfg = sized_model_config(cfg.model, tokenizer)
-    model = build_model(model_cfg, device=device)
+    model = use_fast_dropout(build_model(model_cfg, device=device))  # the CPU dropout mask
     log.info("model: %s, %.2fM parameters", model_cfg, model.num_parameters() / 1e6)
     if cfg.trainer.activation_checkpointing:
         model.encoder.checkpoint_activations = model.decoder.checkpoint_activations = True

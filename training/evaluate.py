@@ -21,8 +21,8 @@ from attnmt.data.batching import Batch
 from attnmt.decoding.search import SearchConfig
 from attnmt.decoding.translator import Translator
 from attnmt.evaluation import corpus_bleu, corpus_chrf
-from attnmt.model.kernels import label_smoothed_cross_entropy
 from attnmt.training import distributed
+from attnmt.training.kernels import label_smoothed_cross_entropy
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager

@@ -33,9 +33,9 @@ from attnmt.common import runtime
 from attnmt.common.errors import UserError
 from attnmt.common.memory import keep_freed_memory
 from attnmt.data.batching import Batch, BatchIterator, prefetch
-from attnmt.model.kernels import label_smoothed_cross_entropy
 from attnmt.training import build, distributed
 from attnmt.training.config import Configs, TrainerConfig
+from attnmt.training.kernels import label_smoothed_cross_entropy
 from attnmt.training.run import Learner, Run
 from attnmt.training.run_dir import RunDirLock
 from attnmt.training.state import TrainState, roll_back

@@ -9,8 +9,10 @@ checked against the formula it replaces (tests/test_dropout.py, tests/test_loss.
   when its bits are below round(p * 2^15): the rate is p to within 2^-16, and the kept elements are
   scaled by exactly 1 / (1 - that rate), so the expectation is the input's, as in `F.dropout`.
   Forward + backward on a (64, 32, 256) bf16 tensor, 2 threads, that CPU: about 3x faster than
-  `F.dropout` (`python -m benchmarks.bench_train_ops`). Elsewhere (CUDA, under `torch.compile`) this
-  is `F.dropout`, whose kernels are fused already.
+  `F.dropout`. Elsewhere (CUDA, under `torch.compile`) this is `F.dropout`, whose kernels are
+  fused already.
+  The model holds plain `nn.Dropout` modules (inference never needs this file); training
+  swaps them for `Dropout` below with `use_fast_dropout`, where it builds the model.
 - `label_smoothed_cross_entropy` (Szegedy et al. 2016; paper sec. 5.4) that ignores padding,
   with a hand-written backward (see `_SmoothedCrossEntropy`).
 """
@@ -41,20 +43,26 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     return x * mask.mul_(_LEVELS / (_LEVELS - n_drop))
 
 
-class Dropout(nn.Module):
+class Dropout(nn.Dropout):
     """`nn.Dropout` with the CPU mask above; no parameters, so checkpoints are unchanged."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        super().__init__()
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
         return dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}"  # never in place
+
+
+def use_fast_dropout(model: nn.Module) -> nn.Module:
+    """Replace every `nn.Dropout` in `model` by `Dropout` of the same rate, in place; returns
+    `model`. Dropout has no parameters or buffers: the state dict is unchanged. The masks are
+    drawn in the same order from the same generator, so a run is the same with either module
+    wherever `dropout` falls back to `F.dropout` (CUDA, `torch.compile`)."""
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is nn.Dropout:
+                setattr(parent, name, Dropout(child.p))
+    return model
 
 
 # ------------------------------------------------------------------- the training loss
@@ -96,7 +104,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     vocabulary) also costs its page faults. Blocks of `_BLOCK_ELEMENTS` stay in the allocator's
     cache, and only the logits (bf16 under autocast) and three numbers per row are saved.
     Forward + backward on (64, 32, 8000) bf16 logits, 2 threads: 53 ms against 151 ms for the
-    formula (`benchmarks/bench_train_ops.py`); the results agree (tests/test_loss.py).
+    formula (docs/benchmarks.md); the results agree (tests/test_loss.py).
     """
 
     @staticmethod
