@@ -37,6 +37,7 @@ from attnmt.common.errors import UserError
 from attnmt.common.files import atomic_write
 from attnmt.data.errors import DataError
 from attnmt.data.tokenizer import Tokenizer
+from attnmt.data.tokenizers import load_tokenizer
 from attnmt.model import ModelConfig, Transformer
 
 log = logging.getLogger(__name__)
@@ -287,7 +288,7 @@ def stored_tokenizer(ckpt: dict[str, Any], path: str | Path) -> Tokenizer:
     torch op there makes the OpenMP runtime they share slow CTranslate2 down (see
     `benchmarks.peers.ct2_from_folder`)."""
     try:
-        return Tokenizer.from_state_dict(ckpt["tokenizer"])
+        return load_tokenizer(ckpt["tokenizer"])
     except (DataError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"the tokenizer stored in {path} is unusable ({e}); "

@@ -7,7 +7,7 @@ an import is a mapping of weights: q, k and v are concatenated into our fused `i
 every other tensor keeps its shape. Every value comes from the folder's `config.json`; one that
 we cannot express is refused in one line before anything is written.
 
-Their tokenizers keep their own ids (`data.tokenizer.Vocabulary`):
+Their tokenizers keep their own ids (`data.vocab_tokenizer.Vocabulary`):
 - OPUS-MT: `source.spm` / `target.spm` segment, `vocab.json` (and `target_vocab.json` when the
   vocabularies are separate) numbers the pieces; `</s>` ends the source; the decoder starts from
   `<pad>` (`decoder_start_token_id`); multi-target models take a `>>xxx<<` token first in the
@@ -33,7 +33,8 @@ from torch import Tensor
 
 from attnmt.checkpoint import build_model, model_payload, save_checkpoint
 from attnmt.data.batching import pad_rows
-from attnmt.data.tokenizer import SpecialIds, Tokenizer, Vocabulary
+from attnmt.data.tokenizer import SpecialIds, Tokenizer
+from attnmt.data.vocab_tokenizer import VocabTokenizer, Vocabulary
 from attnmt.exporting.hf import LOGITS_ATOL
 from attnmt.exporting.shared import ExportError, probe_sentences, require
 from attnmt.model import ModelConfig
@@ -283,7 +284,7 @@ def marian_tokenizer(folder: Path, config: dict[str, Any], cfg: ModelConfig) -> 
     )
     codes = {} if separate else {p[2:-2]: i for p, i in src_vocab.items() if _is_marian_code(p)}
     vocab = Vocabulary(src, tgt, special, codes, "marian")
-    return Tokenizer(source, None if target == source else target, vocab)
+    return VocabTokenizer(source, None if target == source else target, vocab)
 
 
 def _is_marian_code(piece: str) -> bool:
@@ -346,7 +347,7 @@ def nllb_tokenizer(folder: Path, config: dict[str, Any], cfg: ModelConfig) -> To
         bos=_need(config, "decoder_start_token_id"),
         eos=_need(config, "eos_token_id"),
     )
-    return Tokenizer(spm_bytes, None, Vocabulary(src, src, special, codes, "nllb"))
+    return VocabTokenizer(spm_bytes, None, Vocabulary(src, src, special, codes, "nllb"))
 
 
 # --------------------------------------------------------------------------------- import

@@ -16,7 +16,8 @@ import datasets
 import torch
 from torch import Tensor
 
-from attnmt.data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.spm_train import TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
 from benchmarks.engine_paths import StepEngine  # noqa: F401  (re-exported for tests)
 

@@ -15,7 +15,8 @@ import pytest
 
 from attnmt.data.dataset import DataConfig, encode_split, filter_train_pairs, load_split
 from attnmt.data.errors import DataError
-from attnmt.data.tokenizer import Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.spm_train import TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.tokenizer import Tokenizer
 
 GERMAN = [
     "Ein Mann fährt Fahrrad.",
@@ -407,7 +408,7 @@ def test_encode_cache_is_reused(
     def fail(*args: object) -> None:
         raise AssertionError("re-encoded although corpus and tokenizer are unchanged")
 
-    monkeypatch.setattr(Tokenizer, "encode_src", fail)
+    monkeypatch.setattr(type(tokenizer), "encode_src", fail)
     again = encode_split(load_split(cfg, "train"), tokenizer, cfg, train=True)
     assert again[:] == first[:]
     # Another max_len is another cache entry (which would need encoding).

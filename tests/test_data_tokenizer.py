@@ -1,4 +1,5 @@
-"""SentencePiece tokenizer: round-trip, special ids, resume, checkpoint state."""
+"""SentencePiece tokenizer: round-trip, special ids, resume, checkpoint state; training and its
+cache (data/spm_train.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ import torch
 
 from attnmt.data.dataset import DataConfig, load_split
 from attnmt.data.errors import DataError
-from attnmt.data.tokenizer import SpecialIds, Tokenizer, TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.spm_tokenizer import SpmTokenizer
+from attnmt.data.spm_train import TokenizerConfig, train_or_load_tokenizer
+from attnmt.data.tokenizer import SpecialIds, Tokenizer
+from attnmt.data.tokenizers import load_tokenizer
+from attnmt.data.vocab_tokenizer import VocabTokenizer, Vocabulary
 
 # (German, English, French, Czech): umlauts, accents and diacritics the models must keep.
 SENTENCES = [
@@ -109,6 +114,16 @@ def separate(separate_dir: Path) -> Tokenizer:
     return train_or_load_tokenizer(pairs_dataset([]), CUSTOM, separate_dir)
 
 
+@pytest.fixture(scope="session")
+def imported(joint: Tokenizer) -> VocabTokenizer:
+    """An imported model's tokenizer as scripts/import_hf.py builds one: the joint model's
+    pieces numbered backwards after two language tokens (OPUS-MT's ``>>deu<<``)."""
+    src = [">>deu<<", ">>fra<<", *reversed(joint.src_pieces(range(joint.src_vocab_size)))]
+    pad, unk, bos, eos = (src.index(p) for p in ("<pad>", "<unk>", "<s>", "</s>"))
+    vocab = Vocabulary(src, src, SpecialIds(pad, unk, bos, eos), {"deu": 0, "fra": 1})
+    return VocabTokenizer(joint.state_dict()["src_model"], None, vocab)
+
+
 def all_texts() -> list[str]:
     return [text for row in SENTENCES for text in row]
 
@@ -183,7 +198,7 @@ def test_resume_with_other_joint_setting_fails_clearly(joint_dir: Path) -> None:
         train_or_load_tokenizer(pairs_dataset([]), cfg, joint_dir)
 
 
-@pytest.mark.parametrize("fixture", ["joint", "separate"])
+@pytest.mark.parametrize("fixture", ["joint", "separate", "imported"])
 def test_state_dict_survives_torch_save_and_weights_only_load(
     fixture: str, request: pytest.FixtureRequest
 ) -> None:
@@ -192,22 +207,54 @@ def test_state_dict_survives_torch_save_and_weights_only_load(
     torch.save({"tokenizer": tokenizer.state_dict()}, buffer)
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)["tokenizer"]
-    restored = Tokenizer.from_state_dict(state)
+    restored = load_tokenizer(state)
     texts = all_texts()
     assert restored.encode_src(texts) == tokenizer.encode_src(texts)
     assert restored.encode_tgt(texts) == tokenizer.encode_tgt(texts)
     assert restored.special == tokenizer.special and restored.joint == tokenizer.joint
-    assert pickle.loads(pickle.dumps(tokenizer)).fingerprint == tokenizer.fingerprint
+    assert type(restored) is type(tokenizer) and restored.state_dict() == tokenizer.state_dict()
+    unpickled = pickle.loads(pickle.dumps(tokenizer))
+    assert type(unpickled) is type(tokenizer) and unpickled.fingerprint == tokenizer.fingerprint
+
+
+def test_state_layout_is_what_checkpoints_hold(
+    joint: Tokenizer, separate: Tokenizer, imported: VocabTokenizer
+) -> None:
+    """Checkpoints written before load: the state's keys and versions never change."""
+    keys = {"format", "version", "joint", "src_model"}
+    assert joint.state_dict().keys() == keys
+    assert separate.state_dict().keys() == keys | {"tgt_model"}
+    assert imported.state_dict().keys() == keys | {"vocab"}
+    versions = [t.state_dict()["version"] for t in (joint, separate, imported)]
+    assert joint.state_dict()["format"] == "attnmt.sentencepiece" and versions == [1, 1, 2]
+
+
+def test_an_imported_vocabulary_numbers_the_pieces(
+    joint: Tokenizer, imported: VocabTokenizer
+) -> None:
+    texts, n = all_texts(), imported.src_vocab_size
+    assert imported.encode_tgt(texts) == [
+        [n - 1 - i for i in ids] for ids in joint.encode_tgt(texts)
+    ]
+    assert imported.decode_tgt(imported.encode_tgt(texts)) == texts
+    assert imported.languages == ["deu", "fra"] and imported.fingerprint != joint.fingerprint
+    to_french = imported.for_languages(None, "fra")
+    assert to_french.source_prefix() == [1] and to_french.encode_src(["A man."])[0][0] == 1
+    assert imported.encode_src([">>deu<< A man."]) == [[0, *imported.encode_tgt(["A man."])[0]]]
+    with pytest.raises(DataError, match="unknown target language 'xyz'"):
+        imported.for_languages(None, "xyz")
+    with pytest.raises(DataError, match="no language codes"):
+        joint.for_languages(None, "fra")
 
 
 def test_incompatible_state_dict_is_a_data_error() -> None:
     with pytest.raises(DataError, match="incompatible version"):
-        Tokenizer.from_state_dict({"format": "something-else", "version": 7})
+        load_tokenizer({"format": "something-else", "version": 7})
 
 
 def test_save_writes_model_files(joint: Tokenizer, tmp_path: Path) -> None:
     joint.save(tmp_path)
-    assert Tokenizer((tmp_path / "spm.model").read_bytes()).fingerprint == joint.fingerprint
+    assert SpmTokenizer((tmp_path / "spm.model").read_bytes()).fingerprint == joint.fingerprint
 
 
 def test_training_samples_input_sentence_size_sentences(
@@ -273,7 +320,7 @@ def test_a_prepared_model_is_reused_by_a_new_run_dir_and_retrained_when_settings
 ):
     """Prepare once, train many times: a new run dir gets the cached model's exact bytes; a
     different vocab size or corpus trains a new one."""
-    import attnmt.data.tokenizer as tok
+    import attnmt.data.spm_train as tok
 
     cache, cfg = tmp_path / "cache", TokenizerConfig(vocab_size=150)
     first = train_or_load_tokenizer(corpus, cfg, tmp_path / "run1", cache)

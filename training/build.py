@@ -32,13 +32,9 @@ from attnmt.data.dataset import (
     tag_sources,
 )
 from attnmt.data.errors import DataError
-from attnmt.data.tokenizer import (
-    JOINT_MODEL,
-    SRC_MODEL,
-    Tokenizer,
-    check_tags,
-    train_or_load_tokenizer,
-)
+from attnmt.data.spm_tokenizer import JOINT_MODEL, SRC_MODEL
+from attnmt.data.spm_train import train_or_load_tokenizer
+from attnmt.data.tokenizer import Tokenizer, check_tags
 from attnmt.model import ModelConfig
 from attnmt.training import distributed
 from attnmt.training.config import Configs, OptimConfig

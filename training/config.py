@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnmt.common.errors import UserError
 from attnmt.data.dataset import DataConfig
-from attnmt.data.tokenizer import TokenizerConfig
+from attnmt.data.spm_train import TokenizerConfig
 from attnmt.decoding.config import SearchConfig
 from attnmt.model import ModelConfig
 
