@@ -4,6 +4,7 @@ on against off, and a check that every answer belongs to its request.
     python -m benchmarks.load_server -c RUN_DIR                     # test2016, greedy
     python -m benchmarks.load_server -c RUN_DIR --beam 5 --sentences 200
     python -m benchmarks.load_server --url http://127.0.0.1:8000 --input FILE
+    python -m benchmarks.load_server -c RUN_A -c RUN_B --soak 600 --clients 32
 
 Without --url it starts `serve.py` itself on a free loopback port, once per mode (`batching`:
 the defaults; `no-batching`: `--no-batching`). The reference translation of every sentence is
@@ -12,16 +13,20 @@ client count, the clients send all the sentences (`--per-request` per request) a
 answers come back. An answer that differs from its sentence's reference is counted as a
 mismatch, and as a swap when it equals another sentence's reference (a lost, duplicated or
 swapped translation); the exit status is 1 when any mismatch is found. Bounded: at most
-`--sentences` sentences per level and `--max-seconds` per level; loopback only.
+`--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak`
+runs the soak instead (see `run_soak`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import queue
+import random
+import signal
 import socket
 import statistics
 import subprocess
@@ -29,11 +34,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -89,16 +94,6 @@ class Level(NamedTuple):
     errors: int
     batches: int  # model calls the server made during the level
 
-    @property
-    def throughput(self) -> float:
-        return self.sentences / self.seconds if self.seconds else 0.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
@@ -120,7 +115,9 @@ def started_server(
 ) -> Iterator[str]:
     """serve.py (one `-c` per checkpoint) on a free loopback port; its URL. Stopped with
     SIGTERM (it must exit 0). `handle`, when given, receives the process."""
-    port = free_port()
+    with socket.socket() as sock:  # a free loopback port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     models = [arg for c in checkpoints for arg in ("-c", c)]
     cmd = [sys.executable, str(ROOT / "serve.py"), *models, "--port", str(port), *extra]
     with tempfile.TemporaryFile() as log:
@@ -140,27 +137,21 @@ def started_server(
                 raise RuntimeError(f"serve.py exited with status {status}:\n{tail}")
 
 
-def references(url: str, sentences: list[str], options: dict[str, Any]) -> list[str]:
-    """Each sentence's translation alone: one sentence per request, one request at a time."""
-    client, found = Client(url), []
-    for sentence in sentences:
-        status, answer = client.post("/translate", {"sentences": [sentence], **options})
-        if status != 200:
-            raise RuntimeError(f"reference request failed ({status}): {answer}")
-        found.append(answer["translations"][0])
-    return found
+def translation(client: Client, body: dict[str, Any]) -> str:
+    """The one translation of a one-sentence request (a reference)."""
+    status, answer = client.post("/translate", body)
+    if status != 200:
+        raise RuntimeError(f"reference request failed ({status}): {answer}")
+    return answer["translations"][0]
 
 
-def run_level(
-    url: str,
-    mode: str,
-    clients: int,
-    sentences: list[str],
-    refs: list[str],
-    options: dict[str, Any],
-    per_request: int,
-    max_seconds: float,
-) -> Level:
+def percentile(ms: list[float], q: float) -> float:
+    ms = sorted(ms) or [0.0]
+    return ms[min(len(ms) - 1, round(q * (len(ms) - 1)))]
+
+
+def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: list[str],
+              options: dict[str, Any], per_request: int, max_seconds: float) -> Level:  # fmt: skip
     """All `sentences` sent by `clients` threads, `per_request` per request; the figures."""
     work: queue.Queue[list[int]] = queue.Queue()
     for start in range(0, len(sentences), per_request):
@@ -207,23 +198,12 @@ def run_level(
         thread.join()
     seconds = time.perf_counter() - start_time
     batches = Client(url).get("/health")["batches"] - before
-    ms = sorted(t * 1000 for t in latencies) or [0.0]
-    p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+    ms = [t * 1000 for t in latencies]
     return Level(
-        options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds, statistics.median(ms), p99,
+        options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
+        statistics.median(ms or [0.0]), percentile(ms, 0.99),
         counts["mismatched"], counts["swapped"], counts["errors"], batches,
     )  # fmt: skip
-
-
-def load_sentences(args: argparse.Namespace) -> list[str]:
-    if args.input is not None:
-        path = Path(args.input)
-    else:
-        path = Path(args.data_dir) / f"{args.split}.{args.src_lang}"
-    if not path.is_file():
-        raise SystemExit(f"load_server: {path} not found; pass --input FILE or --data-dir")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return [line for line in lines if line][: args.sentences]
 
 
 def table(levels: list[Level]) -> str:
@@ -232,95 +212,39 @@ def table(levels: list[Level]) -> str:
         "mismatched (swapped) | errors |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     return head + "".join(
-        f"| {lv.model or 'default'} | {lv.mode} | {lv.clients} | {lv.requests} | {lv.throughput:.1f} | {lv.p50_ms:.0f} | "
-        f"{lv.p99_ms:.0f} | {lv.batches} | {lv.mismatched} ({lv.swapped}) | {lv.errors} |\n"
+        f"| {lv.model or 'default'} | {lv.mode} | {lv.clients} | {lv.requests} | "
+        f"{lv.sentences / lv.seconds if lv.seconds else 0.0:.1f} | {lv.p50_ms:.0f} | {lv.p99_ms:.0f} | {lv.batches} | "
+        f"{lv.mismatched} ({lv.swapped}) | {lv.errors} |\n"
         for lv in levels
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.load_server",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add = parser.add_argument
-    add(
-        "-c",
-        "--checkpoint",
-        action="append",
-        help="run dir or .pt: start serve.py with it (needs no --url); repeat it to serve "
-        "several models (each measured in turn, all served)",
-    )
-    add("--url", help="a running server on the loopback (one mode: as it was started)")
-    add("--input", help="sentences, one per line (default: --data-dir/SPLIT.SRC_LANG)")
-    add("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
-    add("--split", default="test2016")
-    add("--src-lang", default="en")
-    add("--sentences", type=int, default=200, help="sentences per level (default: 200)")
-    add("--clients", default="1,8,32", help="client counts (default: 1,8,32)")
-    add("--per-request", type=int, default=1, help="sentences per request (default: 1)")
-    add("--modes", default="batching,no-batching", help="with -c: server modes to compare")
-    add("--beam", type=int, default=1, help="beam_size of every request (default: 1)")
-    add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
-    add("--server-args", default="", help="extra serve.py flags, space-separated")
-    add("--json", help="also write the levels (or the soak's figures) to this JSON file")
-    add(
-        "--soak",
-        type=float,
-        metavar="SECONDS",
-        help="instead of the levels: a soak of this long (at most 3600) at the last --clients "
-        "count, mixing the served models, both APIs, greedy/beam/sampling, html, bad requests "
-        "and client disconnects; then SIGTERM (see run_soak)",
-    )
-    add("--warmup", type=float, default=60.0, help="soak: seconds before the RSS baseline")
-    add("--max-requests", type=int, default=1_000_000, help="soak: stop after this many")
-    add("--seed", type=int, default=1, help="soak: the request mix's random seed")
-    args = parser.parse_args(argv)
-    if (args.url is None) == (args.checkpoint is None):
-        parser.error("pass either -c RUN_DIR (start the server) or --url (use a running one)")
-    if args.url is not None and urlsplit(args.url).hostname not in LOOPBACK:
-        parser.error(f"--url {args.url}: loopback only (127.0.0.1, localhost)")
-    sentences = load_sentences(args)
-    os.environ.setdefault("PYTHONPATH", str(ROOT))
-    if args.soak:
-        if args.url or not args.checkpoint:
-            parser.error("--soak starts serve.py itself: pass -c RUN_DIR (repeatable), no --url")
-        settings = SoakSettings(
-            seconds=min(args.soak, 3600.0), clients=int(args.clients.split(",")[-1]),
-            warmup=args.warmup, max_requests=args.max_requests, seed=args.seed,
-        )  # fmt: skip
-        return run_soak(args.checkpoint, sentences, settings, args.server_args.split(), args.json)
+def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
+    """Every mode x model x client count; the table; 1 when an answer was wrong or lost."""
     clients = [int(c) for c in args.clients.split(",")]
-    modes = ["as started"] if args.url else args.modes.split(",")
     levels: list[Level] = []
     refs: dict[str, list[str]] = {}
-    for mode in modes:
+    for mode in ["as started"] if args.url else args.modes.split(","):
         if args.url:
-            server: Any = nullserver(args.url)
+            wait_healthy(args.url, None, timeout=30)
+            server: Any = contextlib.nullcontext(args.url)
         else:
             flags = args.server_args.split() + (["--no-batching"] if mode == "no-batching" else [])
             server = started_server(args.checkpoint, flags)
         with server as url:
             ids = [m["id"] for m in Client(url).get("/models")["models"]]
             for model in ids if len(ids) > 1 else [""]:
-                options: dict[str, Any] = {"beam_size": args.beam}
-                if model:
-                    options["model"] = model
+                options: dict[str, Any] = {"beam_size": args.beam, **({"model": model} if model else {})}  # fmt: skip
                 if model not in refs:
-                    began = time.perf_counter()
-                    refs[model] = references(url, sentences, options)
-                    print(f"references {model or ''}: {len(sentences)} sentences, one at a time, "
-                          f"in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
+                    began, client = time.perf_counter(), Client(url)
+                    refs[model] = [translation(client, {"sentences": [s], **options}) for s in sentences]  # fmt: skip
+                    print(f"references {model}: {len(sentences)} sentences, one at a time, in "
+                          f"{time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
                 for n in clients:
-                    level = run_level(
-                        url, mode, n, sentences, refs[model], options, args.per_request,
-                        args.max_seconds,
-                    )  # fmt: skip
-                    levels.append(level)
-                    print(table([level]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"{len(sentences)} sentences per level, {args.per_request} per request, "
-          f"beam {args.beam}")  # fmt: skip
+                    levels.append(run_level(url, mode, n, sentences, refs[model], options,
+                                            args.per_request, args.max_seconds))  # fmt: skip
+                    print(table(levels[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(f"{len(sentences)} sentences per level, {args.per_request} per request, beam {args.beam}")
     print(table(levels), end="")
     if args.json:
         Path(args.json).write_text(json.dumps([lv._asdict() for lv in levels], indent=1))
@@ -328,9 +252,6 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"load_server: {bad} mismatched or failed answers", file=sys.stderr)
     return 1 if bad else 0
-
-
-# ---------------------------------------------------------------- the soak
 
 
 class SoakSettings(NamedTuple):
@@ -349,8 +270,10 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def _html(texts: list[str]) -> str:
+    """The texts as one HTML paragraph, each after the first in a nested <b>."""
+    escaped = [t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;") for t in texts]
+    return "<p>" + " <b>".join(escaped) + "</b>" * (len(texts) - 1) + "</p>"
 
 
 # Bad requests of the soak: (route, raw body, content type, the status it must get).
@@ -363,228 +286,277 @@ BAD_REQUESTS = [
     ("/translate", b'{"q": "a", "source": "en", "target": "de", "format": "pdf"}', "application/json", 400),
     ("/attention", b'{"sentence": "  "}', "application/json", 422),
 ]  # fmt: skip
+# The kinds of valid requests, with the search options of their references.
+SEARCHES = {"greedy": {"beam_size": 1}, "beam": {"beam_size": 4},
+            "sample": {"sampling": True, "seed": 7, "topk": 10}}  # fmt: skip
 
 
-def run_soak(
-    checkpoints: list[str],
-    sentences: list[str],
-    settings: SoakSettings,
-    server_args: list[str],
-    json_out: str | None,
-) -> int:
-    """A soak of `serve.py -c ...` (see `main`'s --soak): every valid answer is checked against
-    its request's reference (computed up front, one request at a time), bad requests must get
-    their 4xx, some clients hang up mid-request; RSS is sampled; SIGTERM at the end. Exit 0
-    only when no valid request was lost or answered wrongly, no 5xx came back, RSS grew < 5%
-    after the warm-up and the server exited 0."""
-    import random
-    import signal
+class Soak:
+    """The soak's shared state: the served models, the sentences and their references, and
+    the figures the client threads record."""
 
-    handle: list[subprocess.Popen] = []
-    stats: dict[str, Any] = {"routes": {}, "codes": {}, "latency": {}, "lost": 0, "wrong": 0}
-    lock = threading.Lock()
-    rss: dict[str, int] = {}
-    with started_server(checkpoints, ["--beam", "1", *server_args], handle) as url:
-        process = handle[0]
-        rss["start"] = rss_kib(process.pid)
-        models = Client(url).get("/models")["models"]
-        pool = sentences[: max(8, min(len(sentences), 60))]
-        refs: dict[tuple, str] = {}  # (model id, kind, sentence index) -> its translation
-        client = Client(url)
-        began = time.perf_counter()
-        for model in models:
-            for kind, options in [
-                ("greedy", {"beam_size": 1}),
-                ("beam", {"beam_size": 4}),
-                ("sample", {"sampling": True, "seed": 7, "topk": 10}),
-            ]:
-                for i, sentence in enumerate(pool if kind != "sample" else pool[:10]):
+    def __init__(self, url: str, models: list[dict], pool: list[str]) -> None:
+        self.url, self.models, self.pool = url, models, pool
+        self.refs: dict[tuple, str] = {}  # (model id, search, sentence index) -> translation
+        self.stats: dict[str, Any] = {"routes": {}, "codes": {}, "latency": {}}
+        self.stats.update(lost=0, wrong=0)
+        self.lock = threading.Lock()
+        self.sent = 0
+
+    def reference_all(self) -> None:
+        client = Client(self.url)
+        for model in self.models:
+            for search, options in SEARCHES.items():
+                for i, sentence in enumerate(self.pool if search != "sample" else self.pool[:10]):
                     body = {"sentences": [sentence], "model": model["id"], **options}
-                    status, answer = client.post("/translate", body)
-                    if status != 200:
-                        raise RuntimeError(f"reference request failed ({status}): {answer}")
-                    refs[(model["id"], kind, i)] = answer["translations"][0]
-        print(f"soak: {len(refs)} references in {time.perf_counter() - began:.1f} s; "
-              f"{len(models)} models, {settings.clients} clients, {settings.seconds:.0f} s",
-              file=sys.stderr, flush=True)  # fmt: skip
-        host, port = urlsplit(url).hostname, urlsplit(url).port
-        start = time.perf_counter()
-        deadline = start + settings.seconds
-        sent = [0]
+                    self.refs[(model["id"], search, i)] = translation(client, body)
 
-        def record(kind: str, status: int, took: float, ok: bool, valid: bool) -> None:
-            with lock:
-                stats["routes"][kind] = stats["routes"].get(kind, 0) + 1
-                stats["codes"][str(status)] = stats["codes"].get(str(status), 0) + 1
-                stats["latency"].setdefault(kind, []).append(took)
-                if valid and status != 200:
-                    stats["lost"] += 1
-                elif valid and not ok:
-                    stats["wrong"] += 1
+    def record(self, kind: str, status: int, took: float, ok: bool, valid: bool) -> None:
+        """One request's outcome: `valid` requests must get 200 and `ok` (their reference);
+        an invalid one counts as wrong when not `ok` (its expected 4xx)."""
+        with self.lock:
+            self.stats["routes"][kind] = self.stats["routes"].get(kind, 0) + 1
+            self.stats["codes"][str(status)] = self.stats["codes"].get(str(status), 0) + 1
+            self.stats["latency"].setdefault(kind, []).append(took)
+            if valid and status != 200:
+                self.stats["lost"] += 1
+            elif not ok:
+                self.stats["wrong"] += 1
 
-        def unique(model: dict[str, Any]) -> bool:
-            """Whether the model's first pair routes to it (no earlier model has it)."""
-            src, tgt = model["source_languages"][:1], model["target_languages"][:1]
-            first = next(
-                m for m in models
-                if src and tgt and src[0] in m["source_languages"]
-                and tgt[0] in m["target_languages"]
-            ) if src and tgt else None  # fmt: skip
-            return first is model
+    def route(self, model: dict[str, Any]) -> dict[str, str]:
+        """How a request names the model: by its pair where that routes to it, else by id."""
+        if not self.routes_by_pair(model):
+            return {"model": model["id"]}
+        return {"src_lang": model["source_languages"][0], "tgt_lang": model["target_languages"][0]}
 
-        def one(rng: random.Random, conn: Client) -> None:
-            model = rng.choice(models)
-            mid, src, tgt = model["id"], model["source_languages"], model["target_languages"]
-            pair = {"src_lang": src[0], "tgt_lang": tgt[0]} if unique(model) else {"model": mid}
-            roll = rng.random()
-            idx = rng.sample(range(len(pool)), rng.randint(1, 3))
-            texts = [pool[i] for i in idx]
-            greedy = [refs[(mid, "greedy", i)] for i in idx]
-            sent_at = time.perf_counter()
-            if roll < 0.25:  # ours, greedy, routed by pair
-                status, answer = conn.post("/translate", {"sentences": texts, **pair})
-                ok = answer.get("translations") == greedy
-                record("ours greedy", status, time.perf_counter() - sent_at, ok, True)
-            elif roll < 0.40:  # ours, beam 4, by model id
-                body = {"sentences": texts, "model": mid, "beam_size": 4}
-                status, answer = conn.post("/translate", body)
-                ok = answer.get("translations") == [refs[(mid, "beam", i)] for i in idx]
-                record("ours beam", status, time.perf_counter() - sent_at, ok, True)
-            elif roll < 0.47:  # ours, sampling (a batch of its own)
-                i = rng.randrange(10)
-                body = {
-                    "sentences": [pool[i]],
-                    "model": mid,
-                    "sampling": True,
-                    "seed": 7,
-                    "topk": 10,
-                }
-                status, answer = conn.post("/translate", body)
-                ok = answer.get("translations") == [refs[(mid, "sample", i)]]
-                record("ours sampling", status, time.perf_counter() - sent_at, ok, True)
-            elif roll < 0.62 and unique(model):  # LibreTranslate JSON, q a string or a list
-                many = len(texts) > 1
-                body = {"q": texts if many else texts[0], "source": src[0], "target": tgt[0]}
-                status, answer = conn.post("/translate", body)
-                ok = answer.get("translatedText") == (greedy if many else greedy[0])
-                record("LT json", status, time.perf_counter() - sent_at, ok, True)
-            elif roll < 0.72 and unique(model):  # LibreTranslate form
-                from urllib.parse import urlencode
+    def routes_by_pair(self, model: dict[str, Any]) -> bool:
+        """Whether the model's first pair routes to it (no earlier model has that pair)."""
+        src, tgt = model["source_languages"][:1], model["target_languages"][:1]
+        if not (src and tgt):
+            return False
+        first = next(m for m in self.models
+                     if src[0] in m["source_languages"] and tgt[0] in m["target_languages"])  # fmt: skip
+        return first is model
 
-                form = urlencode({"q": texts[0], "source": src[0], "target": tgt[0]}).encode()
-                status, answer = conn.post_raw(
-                    "/translate", form, "application/x-www-form-urlencoded"
-                )
-                ok = answer.get("translatedText") == greedy[0]
-                record("LT form", status, time.perf_counter() - sent_at, ok, True)
-            elif roll < 0.82 and unique(model):  # LibreTranslate html
-                html = (
-                    "<p>"
-                    + " <b>".join(_escape(t) for t in texts)
-                    + "</b>" * (len(texts) - 1)
-                    + "</p>"
-                )
-                want = (
-                    "<p>"
-                    + " <b>".join(_escape(t) for t in greedy)
-                    + "</b>" * (len(texts) - 1)
-                    + "</p>"
-                )
-                body = {"q": html, "source": src[0], "target": tgt[0], "format": "html"}
-                status, answer = conn.post("/translate", body)
-                ok = answer.get("translatedText") == want
-                record("LT html", status, time.perf_counter() - sent_at, ok, True)
-            elif roll < 0.92:  # a bad request: its 4xx, never a 5xx
-                route, raw, kind, expected = rng.choice(BAD_REQUESTS)
-                status, answer = conn.post_raw(route, raw, kind)
-                ok = status == expected and set(answer) == {"error"}
-                record("bad request", status, time.perf_counter() - sent_at, ok, False)
-                if not ok:
-                    with lock:
-                        stats["wrong"] += 1
-            else:  # a client that hangs up: half a body, or a whole request unread
-                with socket.create_connection((host, port), timeout=30) as sock:
-                    data = json.dumps({"sentences": texts, **pair}).encode()
-                    head = (f"POST /translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-                            f"application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()  # fmt: skip
-                    sock.sendall(head + (data[: len(data) // 2] if rng.random() < 0.5 else data))
-                record("disconnect", 0, time.perf_counter() - sent_at, True, False)
+    def one(self, rng: random.Random, conn: Client) -> None:
+        """One request of a random kind, checked and recorded."""
+        model = rng.choice(self.models)
+        roll = rng.random()
+        idx = rng.sample(range(len(self.pool)), rng.randint(1, 3))
+        started = time.perf_counter()
+        lt = self.routes_by_pair(model)  # LibreTranslate's requests name a pair
+        kinds: list[tuple[float, Callable]] = [(0.47, self.ours)]
+        kinds += [(0.82, self.libretranslate)] if lt else []
+        kinds += [(0.92, self.bad), (1.0, self.hang_up)]
+        request = next(fn for limit, fn in kinds if roll < limit)
+        kind, status, ok, valid = request(rng, conn, model, idx, roll)
+        self.record(kind, status, time.perf_counter() - started, ok, valid)
 
-        def loop(number: int) -> None:
-            rng = random.Random(settings.seed * 1000 + number)
-            conn = Client(url, timeout=120)
-            while time.perf_counter() < deadline:
-                with lock:
-                    if sent[0] >= settings.max_requests:
-                        return
-                    sent[0] += 1
-                try:
-                    one(rng, conn)
-                except (OSError, ValueError) as e:  # no answer at all: lost
-                    conn = Client(url, timeout=120)
-                    record(f"failed {type(e).__name__}", 0, 0.0, False, True)
+    def ours(self, rng: random.Random, conn: Client, model: dict, idx: list[int], roll: float):  # noqa: ANN201
+        """Our API: greedy routed by pair (or id), beam 4 by id, seeded sampling by id."""
+        mid = model["id"]
+        search = "greedy" if roll < 0.25 else "beam" if roll < 0.40 else "sample"
+        if search == "sample":
+            idx = [rng.randrange(10)]  # a batch of its own
+        body = {"sentences": [self.pool[i] for i in idx], **SEARCHES[search]}
+        body.update(self.route(model) if search == "greedy" else {"model": mid})
+        status, answer = conn.post("/translate", body)
+        want = [self.refs[(mid, search, i)] for i in idx]
+        kind = {"greedy": "ours greedy", "beam": "ours beam", "sample": "ours sampling"}[search]
+        return kind, status, answer.get("translations") == want, True
 
-        threads = [threading.Thread(target=loop, args=(n,)) for n in range(settings.clients)]
-        for thread in threads:
-            thread.start()
-        samples: list[tuple[float, int]] = []
-        while any(t.is_alive() for t in threads):
-            now = time.perf_counter() - start
-            samples.append((now, rss_kib(process.pid)))
-            if "warm" not in rss and now >= settings.warmup:
-                rss["warm"] = samples[-1][1]
-            time.sleep(1.0)
-        for thread in threads:
-            thread.join()
-        rss.setdefault("warm", samples[0][1] if samples else rss["start"])
-        rss["end"] = rss_kib(process.pid)
-        rss["max"] = max(kib for _, kib in samples) if samples else rss["end"]
-        seconds = time.perf_counter() - start
-        process.send_signal(signal.SIGTERM)
-        status = process.wait(timeout=300)
-    growth = (rss["end"] - rss["warm"]) / rss["warm"]
-    all_ms = sorted(
-        t * 1000 for kind, ts in stats["latency"].items() for t in ts if kind != "disconnect"
-    )
+    def libretranslate(self, rng: random.Random, conn: Client, model: dict, idx: list[int],
+                       roll: float):  # noqa: ANN201  # fmt: skip
+        """LibreTranslate's API: JSON (`q` a string or a list), a form, or `format: html`."""
+        texts = [self.pool[i] for i in idx]
+        greedy = [self.refs[(model["id"], "greedy", i)] for i in idx]
+        pair = {"source": model["source_languages"][0], "target": model["target_languages"][0]}
+        if roll < 0.62:
+            many = len(texts) > 1
+            status, answer = conn.post("/translate", {"q": texts if many else texts[0], **pair})
+            return "LT json", status, answer.get("translatedText") == (greedy if many else greedy[0]), True  # fmt: skip
+        if roll < 0.72:
+            form = urlencode({"q": texts[0], **pair}).encode()
+            status, answer = conn.post_raw("/translate", form, "application/x-www-form-urlencoded")
+            return "LT form", status, answer.get("translatedText") == greedy[0], True
+        status, answer = conn.post("/translate", {"q": _html(texts), **pair, "format": "html"})
+        return "LT html", status, answer.get("translatedText") == _html(greedy), True
+
+    def bad(self, rng: random.Random, conn: Client, model: dict, idx: list[int], roll: float):  # noqa: ANN201
+        """A bad request: its 4xx and a JSON error, never a 5xx."""
+        route, raw, content_type, expected = rng.choice(BAD_REQUESTS)
+        status, answer = conn.post_raw(route, raw, content_type)
+        return "bad request", status, status == expected and set(answer) == {"error"}, False
+
+    def hang_up(self, rng: random.Random, conn: Client, model: dict, idx: list[int], roll: float):  # noqa: ANN201
+        """A client that hangs up: half a body, or a whole request left unread."""
+        parts = urlsplit(self.url)
+        body = {"sentences": [self.pool[i] for i in idx], **self.route(model)}
+        data = json.dumps(body).encode()
+        head = (f"POST /translate HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode()  # fmt: skip
+        with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+            sock.sendall(head + (data[: len(data) // 2] if rng.random() < 0.5 else data))
+        return "disconnect", 0, True, False
+
+    def client_loop(self, number: int, settings: SoakSettings, deadline: float) -> None:
+        rng = random.Random(settings.seed * 1000 + number)
+        conn = Client(self.url, timeout=120)
+        while time.perf_counter() < deadline:
+            with self.lock:
+                if self.sent >= settings.max_requests:
+                    return
+                self.sent += 1
+            try:
+                self.one(rng, conn)
+            except (OSError, ValueError) as e:  # no answer at all: lost
+                conn = Client(self.url, timeout=120)
+                self.record(f"failed {type(e).__name__}", 0, 0.0, False, True)
+
+
+def soak_load(soak: Soak, settings: SoakSettings, pid: int, rss: dict) -> dict[str, Any]:
+    """The clients' load until the deadline, sampling the server's RSS each second into
+    `rss` (which holds its "start")."""
+    start = time.perf_counter()
+    args = (settings, start + settings.seconds)
+    threads = [threading.Thread(target=soak.client_loop, args=(n, *args))
+               for n in range(settings.clients)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    samples: list[int] = []
+    while any(t.is_alive() for t in threads):
+        samples.append(rss_kib(pid))
+        if "warm" not in rss and time.perf_counter() - start >= settings.warmup:
+            rss["warm"] = samples[-1]
+        time.sleep(1.0)
+    for thread in threads:
+        thread.join()
+    rss.setdefault("warm", samples[0] if samples else rss["start"])
+    rss["end"] = rss_kib(pid)
+    rss["max"] = max(samples, default=rss["end"])
+    return {"rss": rss, "seconds": time.perf_counter() - start}
+
+
+def soak_report(soak: Soak, settings: SoakSettings, figures: dict[str, Any]) -> list[str]:
+    """The soak's table: requests and latency per kind, status codes, RSS, lost and wrong."""
+    stats, rss = soak.stats, figures["rss"]
     lines = [
-        f"soak: {seconds:.0f} s, {settings.clients} clients, {len(models)} models, "
-        f"{sum(stats['routes'].values())} requests",
+        f"soak: {figures['seconds']:.0f} s, {settings.clients} clients, {len(soak.models)} "
+        f"models, {sum(stats['routes'].values())} requests",
         "| request kind | requests | p50 ms | p99 ms |",
         "|---|---:|---:|---:|",
     ]
+    answered: list[float] = []
     for kind in sorted(stats["routes"]):
-        ms = sorted(t * 1000 for t in stats["latency"].get(kind, [0.0])) or [0.0]
-        p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
-        lines.append(
-            f"| {kind} | {stats['routes'][kind]} | {statistics.median(ms):.0f} | {p99:.0f} |"
-        )
-    if all_ms:
-        p99 = all_ms[min(len(all_ms) - 1, round(0.99 * (len(all_ms) - 1)))]
-        lines.append(
-            f"| all answered | {len(all_ms)} | {statistics.median(all_ms):.0f} | {p99:.0f} |"
-        )
+        ms = [t * 1000 for t in stats["latency"].get(kind, [0.0])]
+        answered += ms if kind != "disconnect" else []
+        p50, p99 = statistics.median(ms or [0.0]), percentile(ms, 0.99)
+        lines.append(f"| {kind} | {stats['routes'][kind]} | {p50:.0f} | {p99:.0f} |")
+    if answered:
+        p50, p99 = statistics.median(answered), percentile(answered, 0.99)
+        lines.append(f"| all answered | {len(answered)} | {p50:.0f} | {p99:.0f} |")
     codes = ", ".join(f"{code}: {n}" for code, n in sorted(stats["codes"].items()))
-    lines += [
+    return lines + [
         f"status codes (0 = hung up / no answer): {codes}",
         f"RSS KiB: start {rss['start']}, after warm-up {rss['warm']}, max {rss['max']}, "
-        f"end {rss['end']} (growth after warm-up {100 * growth:+.2f}%)",
+        f"end {rss['end']} (growth after warm-up {100 * figures['growth']:+.2f}%)",
         f"lost answers: {stats['lost']}, wrong or swapped answers: {stats['wrong']}, "
-        f"serve.py exit status after SIGTERM: {status}",
+        f"serve.py exit status after SIGTERM: {figures['exit_status']}",
     ]
-    print("\n".join(lines))
-    fivexx = sum(n for code, n in stats["codes"].items() if code.startswith("5"))
+
+
+def run_soak(checkpoints: list[str], sentences: list[str], settings: SoakSettings,
+             server_args: list[str], json_out: str | None) -> int:  # fmt: skip
+    """A soak of `serve.py -c ...`: the served models, both APIs, greedy/beam/sampling, html,
+    bad requests and client hang-ups at `settings.clients` clients; every valid answer checked
+    against its request's reference (computed up front, one request at a time), every bad
+    request against its 4xx; RSS sampled; SIGTERM at the end. Exit 0 only when no valid request
+    was lost or answered wrongly, no 5xx came back, RSS grew < 5% after the warm-up and the
+    server exited 0."""
+    handle: list[subprocess.Popen] = []
+    with started_server(checkpoints, ["--beam", "1", *server_args], handle) as url:
+        process = handle[0]
+        rss = {"start": rss_kib(process.pid)}  # the models loaded
+        pool = sentences[: max(8, min(len(sentences), 60))]
+        soak = Soak(url, Client(url).get("/models")["models"], pool)
+        began = time.perf_counter()
+        soak.reference_all()
+        print(f"soak: {len(soak.refs)} references in {time.perf_counter() - began:.1f} s; "
+              f"{len(soak.models)} models, {settings.clients} clients, {settings.seconds:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+        figures = soak_load(soak, settings, process.pid, rss)
+        process.send_signal(signal.SIGTERM)
+        figures["exit_status"] = process.wait(timeout=300)
+    figures["growth"] = (rss["end"] - rss["warm"]) / rss["warm"]
+    print("\n".join(soak_report(soak, settings, figures)))
+    fivexx = sum(n for code, n in soak.stats["codes"].items() if code.startswith("5"))
     if json_out:
-        figures = {k: v for k, v in stats.items() if k != "latency"}
-        figures.update(rss=rss, exit_status=status, seconds=seconds, fivexx=fivexx)
-        Path(json_out).write_text(json.dumps(figures, indent=1))
-    bad = stats["lost"] or stats["wrong"] or fivexx or growth >= 0.05 or status != 0
-    return 1 if bad else 0
+        out = {k: v for k, v in soak.stats.items() if k != "latency"}
+        out.update(rss=rss, exit_status=figures["exit_status"], seconds=figures["seconds"])
+        Path(json_out).write_text(json.dumps({**out, "fivexx": fivexx}, indent=1))
+    failed = soak.stats["lost"] or soak.stats["wrong"] or fivexx or figures["exit_status"]
+    return 1 if failed or figures["growth"] >= 0.05 else 0
 
 
-@contextmanager
-def nullserver(url: str) -> Iterator[str]:
-    wait_healthy(url, None, timeout=30)
-    yield url
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.load_server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    # fmt: off
+    add("-c", "--checkpoint", action="append",
+        help="run dir or .pt: start serve.py with it (needs no --url); repeat it to serve "
+        "several models (each measured in turn, all served)")
+    add("--url", help="a running server on the loopback (one mode: as it was started)")
+    add("--input", default=str(ROOT.parent / "shared/data/multi30k/test2016.en"),
+        help="sentences, one per line (default: Multi30k's test2016.en beside the repository)")
+    add("--sentences", type=int, default=200, help="sentences per level (default: 200)")
+    add("--clients", default="1,8,32", help="client counts (default: 1,8,32)")
+    add("--per-request", type=int, default=1, help="sentences per request (default: 1)")
+    add("--modes", default="batching,no-batching", help="with -c: server modes to compare")
+    add("--beam", type=int, default=1, help="beam_size of every request (default: 1)")
+    add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
+    add("--server-args", default="", help="extra serve.py flags, space-separated")
+    add("--json", help="also write the levels (or the soak's figures) to this JSON file")
+    add("--soak", type=float, metavar="SECONDS",
+        help="instead of the levels: a soak of this long (at most 3600) at the last --clients "
+        "count, mixing the served models, both APIs, greedy/beam/sampling, html, bad requests "
+        "and client disconnects; then SIGTERM (see run_soak)")
+    add("--warmup", type=float, default=60.0, help="soak: seconds before the RSS baseline")
+    add("--max-requests", type=int, default=1_000_000, help="soak: stop after this many")
+    add("--seed", type=int, default=1, help="soak: the request mix's random seed")
+    # fmt: on
+    return parser
+
+
+def load_sentences(args: argparse.Namespace) -> list[str]:
+    path = Path(args.input)
+    if not path.is_file():
+        raise SystemExit(f"load_server: {path} not found; pass --input FILE")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [line for line in lines if line][: args.sentences]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.url is None) == (args.checkpoint is None):
+        parser.error("pass either -c RUN_DIR (start the server) or --url (use a running one)")
+    if args.url is not None and urlsplit(args.url).hostname not in LOOPBACK:
+        parser.error(f"--url {args.url}: loopback only (127.0.0.1, localhost)")
+    sentences = load_sentences(args)
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    if not args.soak:
+        return run_levels(args, sentences)
+    if args.url or not args.checkpoint:
+        parser.error("--soak starts serve.py itself: pass -c RUN_DIR (repeatable), no --url")
+    settings = SoakSettings(
+        seconds=min(args.soak, 3600.0), clients=int(args.clients.split(",")[-1]),
+        warmup=args.warmup, max_requests=args.max_requests, seed=args.seed,
+    )  # fmt: skip
+    return run_soak(args.checkpoint, sentences, settings, args.server_args.split(), args.json)
 
 
 if __name__ == "__main__":

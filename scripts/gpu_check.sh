@@ -11,9 +11,6 @@
 #   2. the same under torchrun on 2 GPUs (DDP), only with >= 2 GPUs, else "skipped (1 GPU)"
 #   3. python -m benchmarks.benchmark on the GPU (fp32 / bf16 / bf16+compile, base preset), JSON
 #                                                         -> ours' tokens/s and MFU, bf16+compile
-#   3b. python -m training.step_check (base, 4k tokens, bf16): host syncs per update, batch
-#      shapes and padding, kernels per update, host gap, MFU; one compiled epoch (recompiles,
-#      compile seconds) unless --quick                 -> the step's numbers in one line
 #   4. train.py experiment=multi30k_en_de_gpu on Multi30k from $DATA_DIR (default
 #      ../shared/data/multi30k); skipped with a message without the data or with --quick
 #                                                         -> steps, test BLEU (results.json)
@@ -30,7 +27,7 @@ QUICK=0
 for arg in "$@"; do
     case "$arg" in
         --quick) QUICK=1 ;;
-        -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument '$arg' (use --quick or --help)" >&2; exit 2 ;;
     esac
 done
@@ -119,22 +116,6 @@ print(f"{e['variant']} {e['batch_tokens']} tok: {r['tokens_per_s']:,.0f} tok/s, 
 EOF
 }
 
-# step_check_key JSON: the step's numbers in one line.
-step_check_key() {
-    "$PY" - "$1" <<'EOF'
-import json, sys
-r = json.load(open(sys.argv[1]))
-shapes = [v for k, v in r.items() if k.startswith("shapes_bucket")][0]
-line = (f"syncs {r['syncs_per_update']:g}, shapes {shapes['shapes']} ({100 * shapes['waste']:.0f}% pad),"
-        f" kernels {r['kernels_per_update']}, gap {r['host_gap_ms']:.2f} ms,"
-        f" {r['step_ms']:.1f} ms/upd, MFU {100 * (r.get('mfu_vs_datasheet_bf16') or 0):.1f}%")
-if "compile" in r:
-    c = r["compile"]
-    line += f", recompiles {c['recompiles']}, compile {c['first_update_s'] + c['recompile_s']:.0f} s"
-print(line)
-EOF
-}
-
 # 1. One GPU, bf16 + torch.compile, on the toy corpus.
 run_step "train 1 GPU bf16+compile (toy)" "$WORK/train_1gpu.log" results_key "$WORK/toy_1gpu" -- \
     "$PY" train.py "${TOY[@]}" "hydra.run.dir=$WORK/toy_1gpu"
@@ -154,26 +135,10 @@ fi
 # 3. The benchmark's GPU defaults: preset base, fp32 / bf16 / bf16+compile, MFU.
 BENCH=(--device cuda --json "$WORK/benchmark.json")
 if [[ $QUICK -eq 1 ]]; then
-    BENCH+=(--batch-tokens 4096 --repeats 3 --no-decode)
+    BENCH+=(--batch-tokens 4096 --repeats 3)
 fi
 run_step "benchmark.py (bf16, compile, MFU)" "$WORK/benchmark.log" benchmark_key \
     "$WORK/benchmark.json" -- "$PY" -m benchmarks.benchmark "${BENCH[@]}"
-
-# 3b. What keeps the GPU waiting (python -m training.step_check): host syncs per update, batch
-# shapes and padding, kernels per update, host gap, MFU, and one compiled epoch's recompiles
-# and compile seconds; base at 4k tokens, bf16, on Multi30k.
-CHECK=("data.dir=$DATA" "data.cache_dir=$WORK/cache" model=base trainer.max_tokens=4096
-       trainer.precision=bf16 trainer.bucket_growth=1.1 trainer.device=cuda --updates 20
-       --json "$WORK/step_check.json")
-[[ $QUICK -eq 1 ]] || CHECK+=(--compile-epoch)
-if [[ ! -f "$DATA/train.en" ]]; then
-    echo
-    echo "== step_check: skipped (no Multi30k at $DATA; set DATA_DIR=<folder with train.en ...>)"
-    record "step_check" "-" "-" "skipped (no data at $DATA)"
-else
-    run_step "step_check (syncs, shapes, kernels, MFU)" "$WORK/step_check.log" step_check_key \
-        "$WORK/step_check.json" -- "$PY" -m training.step_check "${CHECK[@]}"
-fi
 
 # 4. The GPU Multi30k experiment (conf/experiment/multi30k_en_de_gpu.yaml).
 NAME="multi30k_en_de_gpu"

@@ -19,7 +19,8 @@ from torch import Tensor
 from attnmt.data.spm_train import TokenizerConfig, train_or_load_tokenizer
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding.uncached import PrefixCache, UncachedModel  # noqa: F401  (re-exported for tests)
-from benchmarks.engine_paths import StepEngine  # noqa: F401  (re-exported for tests)
+from attnmt.engine import Engine
+from attnmt.engine.cache import StepKVCache
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,19 @@ class Special:
 
 
 SPECIAL = Special()
+
+
+class StepEngine(Engine):
+    """Every search on the engine's one-token step (`Engine.step`), on the model's float
+    layers: what continuous batching and int8 run, for any search."""
+
+    def decode(self, tgt_ids, memory, src_mask, caches=None, offset=0):  # noqa: ANN001, ANN201
+        if caches is None:
+            return self.model.decode(tgt_ids, memory, src_mask)
+        return self.step(tgt_ids, memory, src_mask, caches, offset)
+
+    def new_caches(self) -> list[StepKVCache]:
+        return [StepKVCache() for _ in self.decoder_linears]
 
 
 @contextmanager

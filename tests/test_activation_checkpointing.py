@@ -3,16 +3,13 @@ pass (torch.utils.checkpoint, use_reentrant=False). Same gradients, fewer saved 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from attnmt.checkpoint import load_checkpoint
 from attnmt.training.loop import fit
 from tests.conftest import VOCAB, make_tiny_model
-from tests.train_helpers import ROOT, toy_cfg
+from tests.train_helpers import toy_cfg
 
 
 def _set(model: torch.nn.Module, on: bool) -> None:
@@ -75,18 +72,3 @@ def test_training_with_it_equals_training_without(tmp_path):
     b = load_checkpoint(tmp_path / "ckpt" / "checkpoints" / "last.pt")["model"]
     for name, value in a.items():
         torch.testing.assert_close(b[name], value, atol=1e-5, rtol=1e-4, msg=name)
-
-
-@pytest.mark.slow
-def test_memory_benchmark_runs_as_a_command():
-    """benchmarks/bench_activation_memory.py (tiny sizes): one table row per setting."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_activation_memory", "--model", "tiny"]
-    args = ["--batch", "2", "--length", "4", "--repeats", "0", "--threads", "1"]
-    out = subprocess.run(cmd + args, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [
-        line
-        for line in out.stdout.splitlines()
-        if line.startswith("| True") or line.startswith("| False")
-    ]
-    assert len(rows) == 2

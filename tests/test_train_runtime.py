@@ -22,8 +22,8 @@ from attnmt.training.loop import _updates, _Window, fit, train_step
 from attnmt.training.run import Learner
 from attnmt.training.run_dir import RunDirBusy, RunDirLock
 from attnmt.training.state import TrainState
-from attnmt.training.step_check import HostReads
-from tests.train_helpers import ROOT, TOY_ARGS, params, run_train, toy, toy_cfg, train_cmd
+from tests.host_reads import HostReads
+from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 
 
 def _two_batches(run):
@@ -295,30 +295,3 @@ def test_compiled_training_traces_each_graph_once_and_a_second_epoch_compiles_no
     explained = torch._dynamo.explain(run.trainee.model)(epoch[0].src_ids, epoch[0].tgt_in)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     torch._dynamo.reset()
-
-
-def test_step_check_reports_each_cause_of_an_idle_device(tmp_path, capsys):
-    """`python -m training.step_check` on the toy corpus: every number is there and sane."""
-    from attnmt.training import step_check
-
-    report = step_check.run(
-        [
-            *TOY_ARGS,
-            "data.hub_name=null",
-            f"data.cache_dir={tmp_path / 'cache'}",
-            "trainer.max_tokens=128",
-            "--updates",
-            "3",
-            "--json",
-            str(tmp_path / "check.json"),
-        ]
-    )
-    assert report["syncs_per_update"] == 0 and report["sync_calls"] == []
-    exact, bucketed = report["shapes_exact"], report["shapes_bucket_1.1"]
-    assert exact["shapes"] >= bucketed["shapes"] >= 1
-    assert report["ops_per_update"] > report["kernels_per_update"] > 50
-    assert 0 < report["share_outside_matmuls"] < 1
-    assert report["flops_per_update"] > 0 and report["step_ms"] > 0
-    assert 0 < report["mfu_vs_fp32_peak"] and report["host_gap_ms"] >= 0
-    assert "syncs_per_update" in capsys.readouterr().out
-    assert (tmp_path / "check.json").exists()

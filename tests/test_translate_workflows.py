@@ -399,18 +399,3 @@ def test_search_config_sampling_fields_are_flags_and_validated() -> None:
     assert SearchConfig(sampling=True, nbest=8, beam_size=1).nbest == 8  # samples, not beams
     with pytest.raises(ValueError, match="temperature"):
         SearchConfig(temperature=0.0)
-
-
-def test_bench_score_runs_and_reports_reproduced_scores(
-    capsys: pytest.CaptureFixture, checkpoint: Path, tmp_path: Path
-) -> None:
-    from benchmarks import bench_score
-
-    (tmp_path / "src").write_text("\n".join(SOURCES) + "\n")
-    (tmp_path / "ref").write_text("\n".join(tgt for _, tgt in PAIRS[:6]) + "\n")
-    args = ["-c", str(checkpoint), "--src", str(tmp_path / "src"), "--ref", str(tmp_path / "ref")]
-    assert bench_score.main([*args, "--beam", "2", "--repeats", "1", "--threads", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "score references:" in out and "beam search:" in out
-    diff = float(out.split("max |score diff| ")[1].split()[0])
-    assert diff < 1e-4
