@@ -20,7 +20,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, with a bad flag reported as one line (no usage block) and exit status 2."""
 
     def error(self, message: str) -> None:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        program = self.prog.split()[0]  # a subcommand's parser is "export.py ct2"
+        self.exit(2, f"{program}: error: {message} (see --help)\n")
 
 
 def number(kind: type, minimum: float | None = None) -> Callable[[str], int | float]:

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .errors import DataError
-from .tokenizer import SpecialIds
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import SpecialIds
 
 if TYPE_CHECKING:  # inference never needs `datasets` (it costs ~1 s to import)
     import datasets

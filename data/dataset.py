@@ -34,9 +34,8 @@ from datasets.arrow_writer import ArrowWriter
 from tqdm import tqdm
 
 from attnmt.common.files import atomic_write
-
-from .errors import DataError
-from .tokenizer import Tokenizer, check_tag
+from attnmt.data.errors import DataError
+from attnmt.data.tokenizer import Tokenizer, check_tag
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def package_of(name: str) -> str | None:
 
 def test_every_import_of_ours_is_under_attnmt() -> None:
     """No module imports a bare `model`, `data`, ...: a user's own folder of that name would
-    shadow it, or be shadowed."""
+    shadow it, or be shadowed. No relative imports either: every import names its layer."""
     files = [p for package in PACKAGES for p in package_files(package)] + OUTSIDE
     wrong = [
         f"{path.relative_to(ROOT)} imports {name}"
@@ -73,6 +73,10 @@ def test_every_import_of_ours_is_under_attnmt() -> None:
         for name in imports_of(path)
         if name.split(".")[0] in PACKAGES
     ]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} imports relatively")
     assert not wrong, "\n".join(wrong)
 
 
