@@ -8,8 +8,7 @@ Exports the checkpoint (as `scripts/export.py` does, into temporary folders) to 
 (MarianMTModel), CTranslate2 float32 and CTranslate2 int8, decodes `--src` greedily with each
 and with ours (`translate.py --beam 1`), and prints, for each export, on how many sentences
 its output ids are identical to ours, with the seconds it took (and BLEU/chrF with `--ref`).
-Their speed, timed as the benchmarks time it:
-`python -m benchmarks.export_speed`.
+Their speed against ours: `python -m benchmarks.benchmark --run RUN_DIR --peers ctranslate2`.
 Every system gets our per-sentence length budget, int(max_len_a * src_len + max_len_b) tokens
 (`exporting.hf.hf_search_ids` / `exporting.ct2.ct2_search_ids`), so a difference is a
 difference in the

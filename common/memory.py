@@ -17,7 +17,7 @@ model ran 1.03-1.10x as fast with the same losses. Peak resident memory grew by 
 Keeping only the trim threshold (`mmap` still dynamic) was slower. The figures, commands, machine
 and date are in docs/benchmarks.md ("Where the gap is now, and the allocator"); other CPUs were not
 measured.
-`benchmarks.benchmark --run ... --malloc-defaults` repeats the search comparison in its workers.
+The program that measured it, `benchmarks/benchmark.py --malloc-defaults`, is in git at 9223d8d.
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its
 peak), which suits a training or translation process. `translate.py` and `train.py` call it on

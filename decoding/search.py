@@ -257,7 +257,7 @@ def pick_tokens(
     """
     # float32 (bf16 is too coarse); one fused pass: logsumexp's sub + exp_ + amax took 48 ms
     # of a beam-5 search profile on an AMD EPYC Zen 4 (docs/benchmarks.md, "What the numbers
-    # rest on", `python -m benchmarks.profile_decode --beam 5`)
+    # rest on", `benchmarks/profile_decode.py --beam 5`, in git at 2f553ca)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
     lprobs[:, never_generated(special)] = float("-inf")
@@ -340,7 +340,7 @@ def _chunk_length(vocab: int) -> int:
     """Chunk length of `topk`: 64 where it divides `vocab`, else 32, 128, 96, 48, 16 (0 if
     none does). `amax` vectorises over multiples of 16; 64 was the fastest of 20-128 on (64 |
     320, 8000) rows; there `topk` was 1.75-4.8x torch's for k = 1 and 10
-    (`python -m benchmarks.bench_decode_ops`, 2 threads, a 2-core AMD EPYC Zen 4 with
+    (`benchmarks/bench_decode_ops.py`, in git at 2f553ca, 2 threads, a 2-core AMD EPYC Zen 4 with
     AVX-512; docs/benchmarks.md, "What the numbers rest on")."""
     return next((L for L in (64, 32, 128, 96, 48, 16) if vocab % L == 0), 0)
 
