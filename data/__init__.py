@@ -1,4 +1,6 @@
-"""Text -> ids -> batches: corpora (`data.dataset`), SentencePiece (`data.tokenizer`) and
+"""Text -> ids -> batches: corpora (`data.dataset`), tokenizers behind one interface
+(`data.tokenizer`: SentencePiece in `data.spm_tokenizer`, an imported vocabulary in
+`data.vocab_tokenizer`, training SentencePiece in `data.spm_train`) and
 token-budget batching (`data.batching`).
 
 Import from the modules. This file imports nothing, so that inference, which needs only the
