@@ -48,7 +48,7 @@ from attnmt.exporting.hf import check_marian, to_marian
 from attnmt.exporting.shared import INSTALL_HINT, require
 from attnmt.model import ModelConfig, Transformer
 from attnmt.model.config import ACTIVATIONS
-from attnmt.training.kernels import label_smoothed_cross_entropy
+from attnmt.training.kernels import label_smoothed_cross_entropy, use_fast_dropout
 from benchmarks import peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def build_models(
     under Marian's names, the model dimension permuted so that Marian's own [sin | cos]
     position table is ours (`exporting.hf.to_marian`), so both compute the same function."""
     torch.manual_seed(seed)
-    ours = Transformer(cfg)
+    ours = use_fast_dropout(Transformer(cfg))  # as training builds it
     models: dict[str, nn.Module] = {OURS: ours}
     if MARIAN in peer_names:
         models[MARIAN] = to_marian(ours, SPECIAL, max_positions, attn_implementation="sdpa")
