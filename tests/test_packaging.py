@@ -70,7 +70,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_wheel_holds_attnmt_only(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"attnmt", "attnmt-0.1.0.dist-info"}
-    assert "attnmt/conf/train.yaml" in names and "attnmt/conf/model/base.yaml" in names
+    configs = {f"attnmt/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "conf").rglob("*.yaml")}
+    assert configs <= set(names), configs - set(names)  # every config group travels
     assert "attnmt/server/static/index.html" in names
     assert "attnmt-0.1.0.dist-info/licenses/LICENSE" in names
     entry_points = zipfile.ZipFile(wheel).read("attnmt-0.1.0.dist-info/entry_points.txt")
