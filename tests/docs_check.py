@@ -383,10 +383,9 @@ def _placeholders_as_numbers(parse):  # noqa: ANN001, ANN202
             try:
                 return parse(*head, argv)
             except CheckError as e:
-                m = re.search(
-                    r"(?:invalid \w+ value|is not a number|must be).*?'([A-Z][A-Z0-9_]*)'", str(e)
-                )
-                m = m or re.search(r"'([A-Z][A-Z0-9_]*)' (?:is not a number|must be)", str(e))
+                not_numbers = r"(?:invalid \w+ value|is not a number|is not an integer|must be)"
+                m = re.search(not_numbers + r".*?'([A-Z][A-Z0-9_]*)'", str(e))
+                m = m or re.search(r"'([A-Z][A-Z0-9_]*)' " + not_numbers, str(e))
                 if not m:
                     raise
                 word = m.group(1)

@@ -94,14 +94,15 @@ def test_right_commands_pass_and_a_tagged_block_is_skipped_with_its_reason():
             "python train.py -m optim.lr=1e-3,2e-3 hydra.run.dir=/tmp/x  # a comment\n"
             "python train.py \"tokenizer.user_symbols=['<BT>']\" experiment=multi30k_en_de_bt\n"
             "echo 'A man.' | OMP_NUM_THREADS=1 python translate.py -c RUN_DIR --beam 5\n"
-            "torchrun --nproc_per_node=2 train.py model=small trainer.update_freq=2"
+            "torchrun --nproc_per_node=2 train.py model=small trainer.update_freq=2\n"
+            "python serve.py -c RUN_DIR --port PORT --max-sentences N  # integer placeholders"
         )
         + "<!-- docs-check: skip curl: needs a running serve.py -->\n"
         + "```bash\ncurl -s localhost:8000/nowhere\npython serve.py -c RUN_DIR --port 0\n```\n"
     )
     outcomes = _check(markdown)
-    assert [o.status for o in outcomes] == ["ok"] * 4 + ["skipped", "ok"], outcomes
-    assert outcomes[4].detail == "needs a running serve.py"
+    assert [o.status for o in outcomes] == ["ok"] * 5 + ["skipped", "ok"], outcomes
+    assert outcomes[5].detail == "needs a running serve.py"
 
 
 def test_inline_commands_and_overrides_in_prose_are_checked():
