@@ -459,7 +459,6 @@ def build_parser() -> argparse.ArgumentParser:
           help=f"comma list of {', '.join(VARIANTS)} (default: CPU fp32, GPU "
           "fp32,bf16,bf16+compile)")
     train("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
-    train("--no-decode", action="store_true", help=argparse.SUPPRESS)  # decoding is --run's
     # fmt: on
     add_real_flags(p.add_argument_group("real sentences (--run): a trained model on a test set"))
     return p

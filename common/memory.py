@@ -15,9 +15,9 @@ ran 1.13-1.20x as fast, its 0.43-0.52 million minor page faults per search (abou
 pages) down to 6,100-7,400; greedy search (64 rows, 2 MB blocks) did not change; training the `tiny`
 model ran 1.03-1.10x as fast with the same losses. Peak resident memory grew by up to 0.1 GB.
 Keeping only the trim threshold (`mmap` still dynamic) was slower. The figures, commands, machine
-and date are in docs/benchmarks.md ("Where the gap is now, and the allocator"); other CPUs were not
-measured.
-The program that measured it, `benchmarks/benchmark.py --malloc-defaults`, is in git at 9223d8d.
+and date are in docs/benchmarks.md as of commit 2f553ca ("Where the gap is now, and the
+allocator"); other CPUs were not measured. The program that measured it,
+`benchmarks/benchmark.py --malloc-defaults`, is in git at 9223d8d.
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its
 peak), which suits a training or translation process. `translate.py` and `train.py` call it on

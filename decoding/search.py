@@ -256,8 +256,8 @@ def pick_tokens(
     Shape: logits (N, V) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
     """
     # float32 (bf16 is too coarse); one fused pass: logsumexp's sub + exp_ + amax took 48 ms
-    # of a beam-5 search profile on an AMD EPYC Zen 4 (docs/benchmarks.md, "What the numbers
-    # rest on", `benchmarks/profile_decode.py --beam 5`, in git at 2f553ca)
+    # of a beam-5 search profile on an AMD EPYC Zen 4 (`benchmarks/profile_decode.py --beam 5`;
+    # docs/benchmarks.md, "What the numbers rest on", both in git at 2f553ca)
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
     lprobs[:, never_generated(special)] = float("-inf")
@@ -341,7 +341,7 @@ def _chunk_length(vocab: int) -> int:
     none does). `amax` vectorises over multiples of 16; 64 was the fastest of 20-128 on (64 |
     320, 8000) rows; there `topk` was 1.75-4.8x torch's for k = 1 and 10
     (`benchmarks/bench_decode_ops.py`, in git at 2f553ca, 2 threads, a 2-core AMD EPYC Zen 4 with
-    AVX-512; docs/benchmarks.md, "What the numbers rest on")."""
+    AVX-512; docs/benchmarks.md at 2f553ca, "What the numbers rest on")."""
     return next((L for L in (64, 32, 128, 96, 48, 16) if vocab % L == 0), 0)
 
 

@@ -28,8 +28,8 @@ A path stays only where timing it against the same decoder without it on real se
 shows it paying (`benchmarks/engine_paths.py`, in git at 2f553ca; docs/benchmarks.md, "The
 engine, path by path"; whole searches against peers: `python -m benchmarks.benchmark --run R
 --cpu-kinds native,avx2`); a prototype of the decoder step compiled by Inductor did not pay
-either ("CPU kinds in one run, and the decoder step compiled"). The contract with the model is tested
-(tests/test_engine.py): the same logits up to float rounding, the same hypotheses.
+either (docs/benchmarks.md, "Compiling the decoder step does not pay here"). The contract with
+the model is tested (tests/test_engine.py): the same logits up to float rounding, the same hypotheses.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def masked_softmax_lengths(
         while len_mask.dim() < scores.dim():
             len_mask = len_mask.unsqueeze(1)  # broadcast over heads: (B, 1, 1|T, S)
         mask = len_mask if mask is None else mask & len_mask
-    return masked_softmax(scores, mask)
+    return masked_softmax(scores, mask=mask)
 
 
 class DotProductAttention(nn.Module):

@@ -47,10 +47,11 @@ def causal_mask(
     return k_pos <= q_pos  # (T, S)
 
 
-def masked_softmax(scores: Tensor, mask: Tensor | None = None) -> Tensor:
+def masked_softmax(scores: Tensor, *, mask: Tensor | None = None) -> Tensor:
     """Softmax over the last axis of `scores` (B, H, T, S) in which keys where the bool `mask`
     (broadcastable to `scores`) is False get weight exactly 0. A row with no valid key returns
-    all zeros rather than NaN."""
+    all zeros rather than NaN. `mask` is keyword-only: a positional tensor of valid lengths
+    (what `examples/attention_scoring.py` takes) would broadcast as a mask."""
     if mask is None:
         return F.softmax(scores, dim=-1)
     weights = F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
