@@ -54,13 +54,30 @@ def test_every_module_imports_beside_a_users_own_packages(tmp_path: Path) -> Non
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+def copy_of_the_repository(into: Path) -> Path:
+    skip = shutil.ignore_patterns(".*", "build", "outputs", "multirun", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, into, ignore=skip)
+    return into
+
+
+def test_a_clone_imports_its_own_tree(tmp_path: Path) -> None:
+    """A second clone run with this environment (installed editable from the first) imports
+    its own folders, not the installed ones; its shims run without any install."""
+    clone = copy_of_the_repository(tmp_path / "clone")
+    out = run("import attnmt.model, attnmt.cli; print(attnmt.model.__file__)", clone)
+    assert out.returncode == 0 and out.stdout.strip() == str(clone / "model" / "__init__.py")
+    bare = subprocess.run(
+        [sys.executable, "-S", str(clone / "translate.py"), "--help"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bare.returncode == 0 and bare.stdout.startswith("usage: translate.py"), bare.stderr
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # built from a copy: setuptools writes build/ and *.egg-info beside the sources
-    source = out / "source"
-    skip = shutil.ignore_patterns(".*", "build", "outputs", "multirun", "*.egg-info", "__pycache__")
-    shutil.copytree(ROOT, source, ignore=skip)
+    source = copy_of_the_repository(out / "source")
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
     built = subprocess.run([*cmd, "-w", str(out), str(source)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-2000:]
