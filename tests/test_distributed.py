@@ -132,6 +132,7 @@ def test_torchrun_end_to_end_one_run_dir(tmp_path):
     run_dir = run_dirs[0]
     results = json.loads((run_dir / "results.json").read_text())
     assert results["steps"] == 12 and results["world_size"] == 2
+    assert results["tokens_per_update"] == 2 * 512  # 2 processes x max_tokens, no accumulation
     assert (run_dir / "hyp.test.en").read_text().count("\n") == 12
     events = list(tmp_path.rglob("events.out.tfevents.*"))  # scalars + hparams files
     assert events and {e.parent for e in events} == {run_dir / "tb"}

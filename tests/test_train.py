@@ -359,3 +359,19 @@ def test_bf16_asked_on_a_cpu_without_it_warns_once(tmp_path, monkeypatch, caplog
     warned = [r.getMessage() for r in caplog.records if "without native bf16" in r.getMessage()]
     assert len(warned) == (0 if native else 1), warned
     assert all("trainer.precision=auto" in w for w in warned)
+
+
+def test_the_tokens_of_an_update_are_stated(tmp_path, caplog):
+    """results.json and the log state the update's token budget (processes x max tokens x
+    accumulation); the log also gives the real tokens of the first update, within it."""
+    cfg = toy_cfg(tmp_path, "trainer.max_steps=2", "trainer.eval_every=2", "trainer.update_freq=3")
+    with caplog.at_level("INFO", logger="attnmt.training.loop"):
+        fit(cfg, tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["tokens_per_update"] == 1 * 512 * 3  # debug=fast: max_tokens 512
+    lines = [r.getMessage() for r in caplog.records]
+    budget = "tokens per update: 1 processes x 512 max tokens x 3 accumulation = 1536"
+    assert any(line.startswith(budget) for line in lines), lines
+    first = next(line for line in lines if line.startswith("first update done (step 1): "))
+    src, tgt = (int(word) for word in first.split(": ")[1].split() if word.isdigit())
+    assert 0 < src <= 1536 and 0 < tgt <= 1536, first

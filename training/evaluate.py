@@ -96,9 +96,11 @@ def results_summary(
     model: torch.nn.Module,
     world_size: int,
     dropped: dict[str, int] | None = None,
+    tokens_per_update: int = 0,
 ) -> dict[str, Any]:
     """What `results.json` holds about the run; its "test" scores are filled in per split.
-    `dropped`: training pairs the data preparation skipped, by rule."""
+    `dropped`: training pairs the data preparation skipped, by rule; `tokens_per_update`: the
+    update's token budget (`tokens_per_update` of `training.loop`)."""
     return {
         "valid": {k: state.best_valid.get(k, 0.0) for k in ("bleu", "chrf", "loss", "ppl")},
         "test": {},
@@ -112,6 +114,7 @@ def results_summary(
         "decoding": asdict(search),
         "parameters": sum(p.numel() for p in model.parameters()),
         "world_size": world_size,
+        "tokens_per_update": tokens_per_update,
     }
 
 

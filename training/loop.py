@@ -111,6 +111,14 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         dynamic_ncols=True,
         disable=not (ctx.is_main and sys.stderr.isatty()),
     )
+    log.info(
+        "tokens per update: %d processes x %d max tokens x %d accumulation = %d, each batch "
+        "budgeted as rows x its longest side, padding included",
+        ctx.world_size,
+        trainer.max_tokens,
+        trainer.update_freq,
+        ctx.world_size * trainer.max_tokens * trainer.update_freq,
+    )
     started, first_step = time.perf_counter(), state.step + 1
     with StopRequests() as stop:
         while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
@@ -118,7 +126,12 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
             state.step += 1
             progress.update(1)
             if state.step == first_step:
-                log.info("first update done (step %d)", state.step)
+                log.info(
+                    "first update done (step %d): %d source and %d target tokens on this rank",
+                    state.step,
+                    sum(b.n_src_tokens for b in batches),
+                    sum(b.n_tgt_tokens for b in batches),
+                )
             at_eval = state.step % trainer.eval_every == 0
             # A stop request is a host flag: one process acts on it after this update; under
             # torchrun the ranks agree on it when they read the window (every log_every).
