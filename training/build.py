@@ -246,6 +246,12 @@ def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> T
     )
 
 
+def tokens_per_update(cfg: Configs, ctx: distributed.DistContext) -> int:
+    """An update's token budget: processes x `trainer.max_tokens` x `trainer.update_freq`,
+    each batch budgeted as its rows x its longest side, padding included."""
+    return ctx.world_size * cfg.trainer.max_tokens * cfg.trainer.update_freq
+
+
 def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:
     """Token-budget training batches of this rank, shuffled per epoch."""
     trainer = cfg.trainer

@@ -100,7 +100,7 @@ def results_summary(
 ) -> dict[str, Any]:
     """What `results.json` holds about the run; its "test" scores are filled in per split.
     `dropped`: training pairs the data preparation skipped, by rule; `tokens_per_update`: the
-    update's token budget (`tokens_per_update` of `training.loop`)."""
+    update's token budget (`training.build.tokens_per_update`)."""
     return {
         "valid": {k: state.best_valid.get(k, 0.0) for k in ("bleu", "chrf", "loss", "ppl")},
         "test": {},

@@ -117,7 +117,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         ctx.world_size,
         trainer.max_tokens,
         trainer.update_freq,
-        ctx.world_size * trainer.max_tokens * trainer.update_freq,
+        build.tokens_per_update(cfg, ctx),
     )
     started, first_step = time.perf_counter(), state.step + 1
     with StopRequests() as stop:

@@ -185,8 +185,7 @@ class Run(Learner):
         best = self.run_dir / "checkpoints" / "best.pt"
         if best.is_file():
             model.load_state_dict(load_checkpoint(best)["model"])
-        trainer = self.cfg.trainer
-        budget = ctx.world_size * trainer.max_tokens * trainer.update_freq
+        budget = build.tokens_per_update(self.cfg, ctx)
         results = results_summary(
             state, self.cfg.decoding, model, ctx.world_size, self.data.dropped, budget
         )
