@@ -13,21 +13,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["common", "model", "evaluation", "data", "checkpoint", "decoding", "engine"]
-PACKAGES += ["exporting", "training", "server", "cli"]
+from tests.test_layout import PACKAGES, ROOT, module_name, package_files
+
 # modules that need an optional extra (`export`: transformers, ctranslate2) at import time
 OPTIONAL = {"attnmt.cli.export_check"}
 
 
 def our_modules() -> list[str]:
-    names = ["attnmt"]
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            parts = parts[:-1] if parts[-1] == "__init__" else parts
-            names.append(".".join(["attnmt", *parts]))
-    return [n for n in names if n not in OPTIONAL]
+    names = [module_name(path) for package in PACKAGES for path in package_files(package)]
+    return ["attnmt", *(name for name in names if name not in OPTIONAL)]
 
 
 def run(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
