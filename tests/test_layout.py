@@ -170,10 +170,11 @@ def lines_in(folder: str) -> int:
 
 
 def test_the_model_is_the_paper_and_the_benchmarks_are_reports() -> None:
-    """model/ stays readable beside nanoGPT's 330 lines; benchmarks/ is one harness."""
+    """model/ stays readable beside nanoGPT's 330 lines; benchmarks/ is one harness plus one short
+    report per capability (documents, terminology); docs/benchmarks.md holds today's figures."""
     assert lines_in("model") <= 800
-    assert lines_in("benchmarks") <= 1500
-    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 500
+    assert lines_in("benchmarks") <= 1800
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 560
 
 
 def test_shims_are_short_and_call_the_command_line_layer() -> None:
