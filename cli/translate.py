@@ -161,6 +161,13 @@ def add_file_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--input", metavar="FILE", help="read sentences from FILE (UTF-8, one per line)")
     add(
+        "--split-sentences",
+        action="store_true",
+        help="each input line may hold several sentences: split them (sentencex, by the "
+        "model's source language, or --src-lang), translate them, and rejoin each line's "
+        "translations with its own spacing; still one output line per input line",
+    )
+    add(
         "--buffer-size",
         type=number(int, 1),
         default=10000,
@@ -291,6 +298,19 @@ def check_combinations(args: argparse.Namespace) -> None:
         raise UserError("--prefix FILE and --tab-prefix both give prefixes; keep one")
     if args.alignment_layer is not None and not args.print_alignment:
         raise UserError("--alignment-layer goes with --print-alignment; add it or drop the layer")
+    if args.split_sentences:  # each of these is per input line, not per sentence
+        for flag, given in (
+            ("--score", args.score is not None),
+            ("--prefix", args.prefix is not None),
+            ("--tab-prefix", args.tab_prefix),
+            ("--print-alignment", args.print_alignment),
+            ("--nbest", args.nbest > 1),
+        ):
+            if given:
+                raise UserError(
+                    f"--split-sentences translates each sentence of a line on its own, which "
+                    f"{flag} (per line) does not fit; drop {flag} or --split-sentences"
+                )
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -392,6 +412,7 @@ def run(args: argparse.Namespace) -> None:
                         align=args.print_alignment,
                         layer=args.alignment_layer,
                         tag=args.tag,
+                        split=split_language(args) if args.split_sentences else None,
                     )
                     done = translate_input(translator, source, out, job, n_lines, progress)
                 if side is not None:
@@ -458,6 +479,7 @@ class Job(NamedTuple):
     align: bool = False  # --print-alignment
     layer: int | None = None  # --alignment-layer
     tag: str | None = None  # --tag: put before each non-empty line
+    split: str | None = None  # --split-sentences: the ISO 639-1 code whose rules split lines
 
 
 def translate_input(
@@ -478,6 +500,14 @@ def translate_input(
         total=total, unit="sent", desc="translating", file=sys.stderr, disable=not progress
     ) as bar:
         for batch in source.batches():
+            if job.split is not None:
+                lines, first_sentence = translate_split(translator, batch, job, out)
+                bar.update(len(lines))
+                done += len(lines)
+                first = first or first_sentence
+                if job.keep:
+                    hyps.extend(lines)
+                continue
             lines, prefixes = batch, None
             if job.tab_prefix:
                 lines, prefixes = split_tab_prefix(batch)
@@ -497,6 +527,43 @@ def translate_input(
             if job.keep:
                 hyps.extend(best[0].text for best in results)
     return Translated(done, hyps, first)
+
+
+def translate_split(
+    translator: Translator, batch: list[str], job: Job, out: BinaryIO
+) -> tuple[list[str], str | None]:
+    """--split-sentences: every sentence of `batch`'s lines translated in one batch, each line
+    rejoined with its own spacing and written; (the translated lines, the first sentence)."""
+    from attnmt.data.sentences import split_lines
+
+    assert job.split is not None
+    parts = split_lines(batch, job.split)
+    tagged = [f"{job.tag} {s}" if job.tag else s for s in parts.sentences]
+    results = translator.translate_nbest(tagged)
+    lines = parts.rejoin([nbest[0].text for nbest in results])
+    out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+    out.flush()
+    return lines, tagged[0] if tagged else None
+
+
+def split_language(args: argparse.Namespace) -> str:
+    """The ISO 639-1 code whose rules --split-sentences uses: --src-lang's, else the source
+    language the (first) checkpoint records; English, with a warning, when neither is known."""
+    import torch
+
+    from attnmt.checkpoint import resolve_checkpoint
+    from attnmt.data.sentences import splitting_language
+    from attnmt.server.languages import model_languages
+
+    code = args.src_lang
+    if code is None:  # load_engine checked the file; mmap reads only the entries looked at
+        path = resolve_checkpoint(args.checkpoint[0])
+        sources, _ = model_languages(torch.load(path, mmap=True, weights_only=True))
+        code = sources[0] if len(sources) == 1 else None
+    lang, warning = splitting_language(code)
+    if warning:
+        print(f"{PROG}: warning: --split-sentences: {warning}", file=sys.stderr)
+    return lang
 
 
 def split_tab_prefix(lines: list[str]) -> tuple[list[str], list[str]]:
