@@ -46,6 +46,7 @@ from attnmt.server.metrics import Metrics, Middleware
 from attnmt.server.openapi import openapi_document
 from attnmt.server.options import OptionError, as_dict, search_config
 from attnmt.server.service import Limits, RoutingError, ServedModel, Service
+from attnmt.server.splitting import split_option, split_ours
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -126,12 +127,18 @@ async def translate(request: Request) -> JSONResponse:
         return await libretranslate.translate(body, form, service)
     sentences = _sentences(body, limits)
     prefixes = _prefixes(body, sentences, limits)
+    split = split_option(body, False, 422)
     model, langs = _our_route(body, service)
     cfg = _options(body, service)
+    texts = split_ours(sentences, prefixes, cfg.nbest, model, langs[0], limits) if split else None
+    if texts is not None:
+        sentences = texts.sentences
     check_output_budget(cfg, sentences, model, limits.max_output_tokens)
     count_route(service, model, "attnmt")
     job = Job(cfg, sentences, prefixes=prefixes, langs=langs)
     hyps = await submit(model.batcher, job) if sentences else []
+    if texts is not None:  # one translation per text, its sentences' scores summed
+        hyps = texts.best(hyps)
     answer: dict[str, Any] = {
         "translations": [nbest[0][0] for nbest in hyps],
         "scores": [nbest[0][1] for nbest in hyps],

@@ -1,7 +1,8 @@
 """LibreTranslate's API, as its clients call it: `POST /translate` with `q` (a text or a list
 of texts), `source` (a code, or `auto` for a model with one source language), `target`,
-`format` (`text`: each line is a sentence; `html`: each text node, markup kept) and
-`alternatives`, as a JSON object or a form (`application/x-www-form-urlencoded` or
+`format` (`text`: each line; `html`: each text node, markup kept), `alternatives` and our
+`split_sentences` (default true: each line or text node is split into sentences, as
+LibreTranslate does), as a JSON object or a form (`application/x-www-form-urlencoded` or
 `multipart/form-data`, whose repeated `q` fields make a list); `GET /languages`.
 
 It answers LibreTranslate's codes, in the one error shape `{"error": ...}`: 400 for any
@@ -30,9 +31,9 @@ from attnmt.server.handling import (
     service_of,
     submit,
 )
-from attnmt.server.html import Document
 from attnmt.server.languages import language_name
-from attnmt.server.service import Limits, RoutingError, ServedModel, Service
+from attnmt.server.service import RoutingError, ServedModel, Service
+from attnmt.server.splitting import Texts, check_limits, source_language, split_option
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -89,15 +90,14 @@ async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONR
     """LibreTranslate's `/translate` (the body read, its API key checked): its fields,
     answers and codes (the module docstring)."""
     fields = _fields(body, form, service.limits.max_beam)
+    split = split_option(body, True, 400, "Invalid request: ")
     model, langs = _route(fields, service)
-    # Every line of a text (format text) or text node (html) is one sentence.
-    docs = [Document(t) if fields.fmt == "html" else None for t in fields.texts]
-    segments = [
-        d.segments if d is not None else t.split("\n")
-        for d, t in zip(docs, fields.texts, strict=True)
-    ]
-    flat = [s.strip() for parts in segments for s in parts]
-    _check_sizes(flat, service.limits)
+    # Each line of a text (format text) or text node (html), split into sentences unless the
+    # request says split_sentences: false, is translated; `texts` puts the answer together.
+    source = source_language(model.sources, fields.source)
+    texts = Texts(fields.texts, source, split, fields.fmt)
+    check_limits(texts, service.limits, 400, "Invalid request: ")
+    flat = texts.sentences
     cfg = service.defaults
     if fields.alternatives:
         n = fields.alternatives + 1
@@ -113,7 +113,7 @@ async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONR
         raise
     except Exception as e:  # noqa: BLE001 - LibreTranslate's 500 for a failed translation
         raise error(500, f"Cannot translate text: {type(e).__name__}: {e}") from None
-    return JSONResponse(_answer(fields, model, docs, segments, hyps))
+    return JSONResponse(_answer(fields, model, texts, hyps))
 
 
 async def languages(request: Request) -> JSONResponse:
@@ -189,42 +189,21 @@ def _route(fields: Fields, service: Service) -> tuple[ServedModel, tuple[str | N
     return model, langs
 
 
-def _check_sizes(sentences: list[str], limits: Limits) -> None:
-    if len(sentences) > limits.max_sentences:
-        raise error(
-            400,
-            f"Invalid request: {len(sentences)} lines or text nodes, the limit is "
-            f"{limits.max_sentences} (serve.py --max-sentences); split the request",
-        )
-    for text in sentences:
-        if len(text) > limits.max_chars:
-            raise error(
-                400,
-                f"Invalid request: a line of {len(text)} characters, the limit is "
-                f"{limits.max_chars} (serve.py --max-chars); split it",
-            )
-
-
 def _answer(
     fields: Fields,
     model: ServedModel,
-    docs: list[Document | None],
-    segments: list[list[str]],
+    texts: Texts,
     hyps: list[list[tuple[str, float]]],
 ) -> dict[str, Any]:
-    """LibreTranslate's answer: each text's translation (its lines' or text nodes' best put
-    back together), its alternatives when asked for, the source `auto` stood for."""
-    results, alts, start = [], [], 0
-    for doc, parts in zip(docs, segments, strict=True):
-        chunk = hyps[start : start + len(parts)]
-        start += len(parts)
-        best = [nbest[0][0] for nbest in chunk]
-        if doc is not None:
-            results.append(doc.render(best))
+    """LibreTranslate's answer: each text's translation (its sentences' best put back
+    together), its alternatives when asked for, the source `auto` stood for."""
+    results, alts = [], []
+    for i, chunk in enumerate(texts.chunks(hyps)):
+        results.append(texts.render_one(i, [nbest[0][0] for nbest in chunk]))
+        if fields.fmt == "html":
             alts.append([])  # alternatives of a document: none (as LibreTranslate)
         else:
-            results.append("\n".join(best))
-            alts.append(_alternative_texts(chunk, fields.alternatives))
+            alts.append(_alternative_texts(texts, i, chunk, fields.alternatives))
     batch = fields.batch
     answer: dict[str, Any] = {"translatedText": results if batch else results[0]}
     if fields.alternatives:
@@ -235,12 +214,15 @@ def _answer(
     return answer
 
 
-def _alternative_texts(chunk: list[list[tuple[str, float]]], alternatives: int) -> list[str]:
-    """The k-th alternative of a text: its lines' k-th best translations, joined as the text's
-    lines are; as many as every line has."""
+def _alternative_texts(
+    texts: Texts, i: int, chunk: list[list[tuple[str, float]]], alternatives: int
+) -> list[str]:
+    """The k-th alternative of text i: its sentences' k-th best translations, put together as
+    its best is; as many as every sentence has."""
     if not chunk:
         return []
     count = min(len(nbest) for nbest in chunk) - 1
     return [
-        "\n".join(nbest[k][0] for nbest in chunk) for k in range(1, 1 + min(count, alternatives))
+        texts.render_one(i, [nbest[k][0] for nbest in chunk])
+        for k in range(1, 1 + min(count, alternatives))
     ]

@@ -133,6 +133,12 @@ def _our_requests(
                 "nullable": True,
                 "description": "a forced target prefix per sentence ('' for none)",
             },
+            "split_sentences": {
+                "type": "boolean",
+                "default": False,
+                "description": "each of sentences is a text that may hold several sentences: "
+                "split, translated and rejoined (not with prefixes or nbest > 1)",
+            },
             **routing,
             **options,
         },
@@ -177,6 +183,11 @@ def _libretranslate_requests(
             "nullable": True,
         },
         "api_key": {"type": "string"},
+        "split_sentences": {
+            "type": "boolean",
+            "default": True,
+            "description": "split each line or text node into sentences before translating",
+        },
     }
     libretranslate = {
         "type": "object",
