@@ -1,0 +1,141 @@
+"""The `scripts/distill.py` command line: a teacher translates a corpus's training sources into
+a corpus for a student (sequence-level knowledge distillation; `training.distill`).
+
+    python scripts/distill.py --teacher RUN [--teacher RUN2 ...] --data-dir DIR --out OUT
+    python train.py experiment=multi30k_en_de_student data.dir=OUT
+
+Several `--teacher`s translate as an ensemble (their log-probabilities averaged at each step:
+`translate.py -c A -c B`); a run imported from Transformers (`scripts/import_hf.py`) is a
+teacher like any other. The languages are the teacher run's `data.src_lang`/`data.tgt_lang`
+unless `--src-lang`/`--tgt-lang` say otherwise (a multilingual imported teacher needs them).
+Killed and run again with the same flags, it resumes (`training.distill`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnmt.cli.args import Parser, number, program_name
+from attnmt.cli.translate import add_runtime_flags
+from attnmt.common.errors import UserError, exit_status
+
+PROG = program_name("distill.py")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=PROG,
+        description="Translate a corpus's training sources with a teacher (or an ensemble) "
+        "into a corpus folder for training a student.",
+    )
+    add = parser.add_argument
+    add(
+        "--teacher",
+        required=True,
+        action="append",
+        metavar="RUN",
+        help="teacher run dir or checkpoint; repeat it for an ensemble",
+    )
+    add(
+        "--data-dir",
+        required=True,
+        metavar="DIR",
+        help="corpus folder of <split>.<lang> files (as train.py's data.dir)",
+    )
+    add(
+        "--out",
+        required=True,
+        metavar="OUT",
+        help="folder for the distilled corpus: train.<src> as given, train.<tgt> the "
+        "teacher's translations, the other files copied",
+    )
+    add(
+        "--beam",
+        type=number(int, 1),
+        default=5,
+        metavar="N",
+        help="the teacher's beam (Kim & Rush 2016: beam search output) (default: 5)",
+    )
+    add(
+        "--batch-size",
+        type=number(int, 1),
+        default=64,
+        metavar="N",
+        help="sentences per search batch (default: 64)",
+    )
+    add("--src-lang", metavar="CODE", help="source language (default: the teacher run's)")
+    add("--tgt-lang", metavar="CODE", help="target language (default: the teacher run's)")
+    add(
+        "--chunk-lines",
+        type=number(int, 1),
+        default=10_000,
+        metavar="N",
+        help="lines translated (length-sorted) and saved at a time; a resumed run loses at "
+        "most one chunk (default: 10000)",
+    )
+    add("--threads", type=number(int, 1), metavar="N", help="torch CPU threads (default: torch's)")
+    add_runtime_flags(parser)
+    return parser
+
+
+def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
+    """(source, target) from the flags, else from the first teacher's training config."""
+    if args.src_lang and args.tgt_lang:
+        return args.src_lang, args.tgt_lang
+    from attnmt.checkpoint import load_checkpoint
+
+    config = load_checkpoint(args.teacher[0]).get("config") or {}
+    data = config.get("data") or {}
+    src, tgt = args.src_lang or data.get("src_lang"), args.tgt_lang or data.get("tgt_lang")
+    if not src or not tgt:
+        raise UserError(
+            f"--teacher {args.teacher[0]} does not say its languages; give --src-lang and "
+            "--tgt-lang (the corpus files' suffixes, e.g. en and de)"
+        )
+    return src, tgt
+
+
+def run(args: argparse.Namespace) -> None:
+    from attnmt.cli.translate import load_model
+    from attnmt.common import runtime
+    from attnmt.decoding.config import SearchConfig
+    from attnmt.decoding.translator import Translator
+    from attnmt.training.distill import distill_corpus
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    src, tgt = teacher_languages(args)
+    cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
+    model, tokenizer, device = load_model(args, args.teacher)
+    if tokenizer.languages:  # a multilingual imported teacher: its codes for this pair
+        tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
+    translator = Translator(model, tokenizer, cfg, device)
+    settings = {
+        "teachers": [str(Path(t).resolve()) for t in args.teacher],
+        "src_lang": src,
+        "tgt_lang": tgt,
+        "beam": args.beam,
+        "precision": args.precision,
+        "quantize": args.quantize,
+    }
+
+    def translate(lines: list[str]) -> list[str]:
+        with runtime.autocast(translator.device.type, args.precision):
+            return translator.translate(lines)
+
+    def log(line: str) -> None:
+        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+
+    out = distill_corpus(
+        translate, args.data_dir, args.out, src, tgt, settings, args.chunk_lines, log
+    )
+    log(f"done: train.py data.dir={out} trains on the teacher's translations")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return exit_status(PROG, lambda: run(args))

@@ -1,0 +1,159 @@
+"""Sequence-level knowledge distillation (Kim & Rush 2016): a teacher's translations of a corpus's
+training sources become the targets a student is trained on.
+
+`distill_corpus` writes a corpus folder of the same layout as the one it reads: `train.<src>`
+copied as given, `train.<tgt>` the teacher's translations (line i translates line i), every
+other file (the valid and test splits, other languages) copied. `train.py data.dir=OUT` trains
+on it like on any local corpus.
+
+It resumes: the sources are translated in chunks of `chunk_lines` lines, each appended to
+`OUT/.distill/train.<tgt>` and then recorded (lines and bytes done) in `OUT/.distill/state.json`,
+written atomically. A process killed at any moment leaves at most one chunk half-written past
+the recorded bytes; the next run cuts it off and goes on. Chunks are the same in every run
+(their size is part of the state), and a chunk's translation depends only on its lines, so a
+resumed run's output equals an uninterrupted run's, line for line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from attnmt.common.errors import UserError
+from attnmt.common.files import atomic_write, iter_lines
+
+STATE_DIR = ".distill"  # OUT's work folder while a distillation is unfinished
+SETTINGS_FILE = "distill.json"  # what made the corpus, beside it in OUT once done
+
+
+def corpus_file(folder: Path, split: str, lang: str) -> Path:
+    """`folder/<split>.<lang>`, or its `.gz`, whichever exists (the loader reads both)."""
+    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise UserError(
+        f"{folder} has no {split}.{lang} (or .gz); --data-dir must be a corpus folder of "
+        f"<split>.<lang> files holding {split}.{lang}"
+    )
+
+
+def read_corpus_lines(path: Path) -> list[str]:
+    """The lines of a (possibly gzipped) UTF-8 corpus file."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return list(iter_lines(f, path))
+
+
+class Progress:
+    """Lines done, lines/s and the time left, on one stderr line a chunk."""
+
+    def __init__(self, total: int, start: int, log: Callable[[str], None]) -> None:
+        self.total, self.start, self.log = total, start, log
+        self.t0 = time.perf_counter()
+
+    def __call__(self, done: int) -> None:
+        elapsed = time.perf_counter() - self.t0
+        rate = (done - self.start) / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - done) / rate if rate > 0 else float("inf")
+        self.log(
+            f"distilled {done:,}/{self.total:,} lines ({100 * done / max(self.total, 1):.1f}%), "
+            f"{rate:.1f} lines/s, ETA {_clock(eta)}"
+        )
+
+
+def _clock(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "unknown"
+    m, s = divmod(round(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def _chunks(lines: list[str], start: int, size: int) -> Iterator[tuple[int, list[str]]]:
+    for begin in range(start, len(lines), size):
+        yield begin + len(lines[begin : begin + size]), lines[begin : begin + size]
+
+
+def _load_state(work: Path, settings: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The state of an unfinished run in `work` (or a fresh one); refuses other settings."""
+    state_file = work / "state.json"
+    if not state_file.exists():
+        return {"settings": settings, "lines": 0, "bytes": 0}
+    state = json.loads(state_file.read_text())
+    if state["settings"] != settings:
+        theirs = json.dumps(state["settings"], sort_keys=True)
+        raise UserError(
+            f"{out} holds an unfinished distillation with other settings ({theirs}); run it "
+            f"again with those, or remove {work} to start over"
+        )
+    return state
+
+
+def distill_corpus(
+    translate: Callable[[list[str]], list[str]],
+    data_dir: str | Path,
+    out_dir: str | Path,
+    src: str,
+    tgt: str,
+    settings: dict[str, Any],
+    chunk_lines: int = 10_000,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Translate `data_dir/train.<src>` with `translate` into `out_dir/train.<tgt>`, copy the
+    rest of `data_dir` into `out_dir`, and return `out_dir`'s path.
+
+    `settings` (teachers, search, languages: JSON values) is what made the translations; a run
+    that finds an unfinished one with other settings in `out_dir` stops with a `UserError`, and
+    a finished `out_dir` is left as it is.
+    """
+    data, out = Path(data_dir), Path(out_dir)
+    if data.resolve() == out.resolve():
+        raise UserError(f"--out {out} is --data-dir; give the distilled corpus a folder of its own")
+    src_file = corpus_file(data, "train", src)
+    settings = {**settings, "chunk_lines": chunk_lines, "source": str(src_file.resolve())}
+    if (out / SETTINGS_FILE).exists() and (out / f"train.{tgt}").exists():
+        log(f"{out} is already distilled ({out / SETTINGS_FILE}); nothing to do")
+        return out
+    work = out / STATE_DIR
+    work.mkdir(parents=True, exist_ok=True)
+    state = _load_state(work, settings, out)
+    atomic_write(work / "state.json", json.dumps(state, indent=1))  # the settings, pinned
+    sources = read_corpus_lines(src_file)
+    if not sources:
+        raise UserError(f"{src_file} is empty; give --data-dir a corpus with training sources")
+    partial = work / f"train.{tgt}"
+    with open(partial, "ab") as f:
+        f.truncate(state["bytes"])  # drop a chunk a killed run wrote only part of
+    if state["lines"]:
+        log(f"resuming: {state['lines']:,} of {len(sources):,} lines were distilled before")
+    progress = Progress(len(sources), state["lines"], log)
+    for done, chunk in _chunks(sources, state["lines"], chunk_lines):
+        text = "".join(line + "\n" for line in translate(chunk)).encode("utf-8")
+        with open(partial, "ab") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        state = {"settings": settings, "lines": done, "bytes": state["bytes"] + len(text)}
+        atomic_write(work / "state.json", json.dumps(state, indent=1))
+        progress(done)
+    _finish(data, out, src_file, partial, tgt, settings)
+    shutil.rmtree(work)
+    return out
+
+
+def _finish(data: Path, out: Path, src_file: Path, partial: Path, tgt: str, settings: dict) -> None:
+    """Copy the corpus around the translations into `out`, then move them in, then say what
+    made them (`distill.json`, last: its presence means the folder is complete)."""
+    skip = {f"train.{tgt}", f"train.{tgt}.gz", src_file.name}
+    for item in sorted(data.iterdir()):
+        if item.is_file() and item.name not in skip:
+            shutil.copy2(item, out / item.name)
+    shutil.copy2(src_file, out / src_file.name)
+    os.replace(partial, out / f"train.{tgt}")
+    atomic_write(out / SETTINGS_FILE, json.dumps(settings, indent=1) + "\n")
