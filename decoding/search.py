@@ -41,16 +41,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
+from attnmt.decoding import constraints as lexical
 from attnmt.decoding.config import LP_TYPES, LengthPenaltyType, SearchConfig
 from attnmt.model.attention import padding_mask
 
 logger = logging.getLogger(__name__)
+
+GREEDY_CONSTRAINED_BEAM = 8  # the widest beam greedy search uses for constraints
 
 
 class SpecialTokens(Protocol):
@@ -149,6 +152,7 @@ class _Batch(NamedTuple):
     caches: list
     prefix: Tensor | None  # (B, P) forced target tokens, -1 past each sentence's prefix
     given: int = 0  # the prefix's first tokens that score 0 (a language token, not predicted)
+    constraints: lexical.ConstraintSet | None = None  # terms to use (`decoding.constraints`)
 
 
 def _start(
@@ -159,6 +163,7 @@ def _start(
     prefix: Tensor | None = None,
     copies: int = 1,
     given: int = 0,
+    constraints: lexical.ConstraintSet | None = None,
 ) -> _Batch:
     """Encode once; one row per sentence, or `copies` consecutive rows per sentence (samples
     drawn independently), which then get pruned one by one like sentences."""
@@ -167,12 +172,14 @@ def _start(
     max_len = max_lengths(src_ids, special, cfg.max_len_a, cfg.max_len_b)  # (B,)
     if prefix is not None:  # the budget holds at least the prefix
         max_len = torch.maximum(max_len, prefix.ge(0).sum(dim=1))
+    if constraints is not None:  # and every term, each in its shortest variant
+        max_len = torch.maximum(max_len, constraints.sizes.sum(dim=1))
     if copies > 1:  # (B * copies, ...): the encoder still ran once per sentence
         memory, src_mask, max_len = (
             x.repeat_interleave(copies, dim=0) for x in (memory, src_mask, max_len)
         )
         prefix = None if prefix is None else prefix.repeat_interleave(copies, dim=0)
-    return _Batch(memory, src_mask, max_len, model.new_caches(), prefix, given)
+    return _Batch(memory, src_mask, max_len, model.new_caches(), prefix, given, constraints)
 
 
 def prefix_tensor(prefixes: list[list[int]], device: torch.device | str = "cpu") -> Tensor | None:
@@ -258,6 +265,19 @@ def pick_tokens(
     # float32 (bf16 is too coarse); one fused pass: logsumexp's sub + exp_ + amax took 48 ms
     # of a beam-5 search profile on an AMD EPYC Zen 4 (`benchmarks/profile_decode.py --beam 5`;
     # docs/benchmarks.md, "What the numbers rest on", both in git at 2f553ca)
+    lprobs, eos_lprob = _log_probs(logits, special, no_eos)  # (N, V), (N, 1)
+    lprobs, tokens = topk(lprobs, min(n, lprobs.size(-1)))  # (N, n)
+    return _eos_at_limit(lprobs, tokens, eos_lprob, at_limit, special.eos)
+
+
+def _log_probs(
+    logits: Tensor, special: SpecialTokens, no_eos: bool | Tensor
+) -> tuple[Tensor, Tensor]:
+    """`pick_tokens`' log-probabilities: pad, BOS and (where `no_eos`) EOS at -inf; and EOS's
+    own log-probability, for rows at their limit.
+
+    Shape: logits (N, V) -> (N, V) float32, (N, 1) float32.
+    """
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
     eos_lprob = lprobs[:, special.eos : special.eos + 1].clone()  # (N, 1)
     lprobs[:, never_generated(special)] = float("-inf")
@@ -265,13 +285,22 @@ def pick_tokens(
         lprobs[:, special.eos] = eos_lprob.squeeze(1).masked_fill(no_eos, float("-inf"))
     elif no_eos:
         lprobs[:, special.eos] = float("-inf")
-    lprobs, tokens = topk(lprobs, min(n, lprobs.size(-1)))  # (N, n)
+    return lprobs, eos_lprob
+
+
+def _eos_at_limit(
+    lprobs: Tensor, tokens: Tensor, eos_lprob: Tensor, at_limit: Tensor | None, eos: int
+) -> tuple[Tensor, Tensor]:
+    """Rows `at_limit` (N,) get EOS as their only finite candidate.
+
+    Shape: lprobs, tokens (N, n), eos_lprob (N, 1) -> (N, n), (N, n).
+    """
     if at_limit is None:
         return lprobs, tokens
     at_limit = at_limit.unsqueeze(1)  # (N, 1): EOS first, then -inf
     first = torch.arange(lprobs.size(1), device=lprobs.device).eq(0)  # (n,)
     forced = eos_lprob.masked_fill(~first, float("-inf"))  # (N, n)
-    return torch.where(at_limit, forced, lprobs), tokens.masked_fill(at_limit, special.eos)
+    return torch.where(at_limit, forced, lprobs), tokens.masked_fill(at_limit, eos)
 
 
 def sample_tokens(
@@ -356,6 +385,8 @@ def _select_rows(batch: _Batch, rows: Tensor, sentences: Tensor) -> _Batch:
         batch.max_len.index_select(0, sentences),
         batch.caches,
         None if batch.prefix is None else batch.prefix.index_select(0, sentences),
+        batch.given,
+        None if batch.constraints is None else batch.constraints.select(sentences),
     )
 
 
@@ -380,8 +411,14 @@ def greedy_search(
     cfg: SearchConfig,
     prefix: Tensor | None = None,
     given: int = 0,
+    constraints: lexical.ConstraintSet | None = None,
 ) -> SearchResult:
     """Pick the most probable token at every step (equals `beam_search` with beam 1).
+
+    With `constraints`, a greedy choice cannot place a term well (with one hypothesis, dynamic
+    beam allocation would start every term at once), so the search is the constrained beam
+    search with one hypothesis per bank (Post & Vilar's smallest beam: the best hypothesis
+    with each count of constraint tokens met), at most `GREEDY_CONSTRAINED_BEAM`, one output.
 
     Args:
         model: an encoder-decoder with `encode`, `decode(..., caches, offset)`, `new_caches`.
@@ -393,10 +430,15 @@ def greedy_search(
         prefix: forced target ids per sentence (`prefix_tensor`), or None.
         given: how many of the prefix's first tokens are given, not predicted: they score
             0 (an NLLB model's target language token).
+        constraints: terms each translation must use (`decoding.constraints`), or None.
 
     Shape:
         src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
     """
+    if constraints is not None:
+        width = max(2, min(constraints.n_banks, GREEDY_CONSTRAINED_BEAM))
+        cfg = replace(cfg, beam_size=width, nbest=1)
+        return beam_search(model, src_ids, special, cfg, prefix, given, constraints)
 
     def best(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return pick_tokens(logits, special, 1, no_eos, at_limit)
@@ -487,6 +529,7 @@ class _Beams:
     tokens: Tensor  # (B * k, t + 1) bos + generated tokens
     n_finished: Tensor  # (B,) finished hypotheses per sentence
     max_len: Tensor  # (B,) output budget per sentence
+    state: Tensor | None = None  # (B * k, W) constraint state per hypothesis, or None
 
 
 class _Candidates(NamedTuple):
@@ -495,6 +538,7 @@ class _Candidates(NamedTuple):
     scores: Tensor  # (B, C) log-probability after the extension
     beams: Tensor  # (B, C) which of the k beams it extends
     tokens: Tensor  # (B, C) the new token
+    state: Tensor | None = None  # (B, C, W) the constraint state after it, or None
 
 
 @torch.inference_mode()
@@ -505,6 +549,7 @@ def beam_search(
     cfg: SearchConfig,
     prefix: Tensor | None = None,
     given: int = 0,
+    constraints: lexical.ConstraintSet | None = None,
 ) -> SearchResult:
     """Batched beam search with fairseq's 2K-candidate EOS handling (see the module docstring).
 
@@ -519,12 +564,15 @@ def beam_search(
         prefix: forced target ids per sentence (`prefix_tensor`), or None. While a sentence
             is inside its prefix, only one of its hypotheses is live (the others score -inf).
         given: the prefix's first tokens that score 0 (see `greedy_search`).
+        constraints: terms each translation must use, or None: the candidates and their
+            order come from dynamic beam allocation (`decoding.constraints`), EOS only once
+            every term is met.
 
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
     """
     beam_size = cfg.beam_size
-    batch = _start(model, src_ids, special, cfg, prefix, given=given)
+    batch = _start(model, src_ids, special, cfg, prefix, given=given, constraints=constraints)
     B, device = src_ids.size(0), src_ids.device
     beams = _Beams(
         sent_ids=torch.arange(B),
@@ -532,16 +580,21 @@ def beam_search(
         tokens=torch.full((B, 1), special.bos, dtype=torch.long, device=device),
         n_finished=torch.zeros(B, dtype=torch.long, device=device),
         max_len=batch.max_len,
+        state=None if constraints is None else lexical.initial_state(constraints),
     )
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    missed: list[list[Hypothesis]] = [[] for _ in range(B)]  # constraints: a term missing
 
     def pick(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return pick_tokens(logits, special, 2 * beam_size, no_eos, at_limit)
 
     step = 0
     while beams.sent_ids.numel() > 0:
-        lprobs, tokens = _next_tokens(model, batch, beams.tokens[:, -1], step, special, pick)
-        cands = _top_candidates(lprobs, tokens, beams.scores, beam_size)
+        if batch.constraints is None:
+            lprobs, tokens = _next_tokens(model, batch, beams.tokens[:, -1], step, special, pick)
+            cands = _top_candidates(lprobs, tokens, beams.scores, beam_size)
+        else:
+            cands = _constrained_candidates(model, batch, beams, step, special, beam_size)
         step += 1
         accept = _accept_eos(cands, beams.n_finished, beam_size, special.eos)  # (B, K)
         beams.n_finished += accept.sum(dim=1)
@@ -549,9 +602,12 @@ def beam_search(
         flags = torch.cat([accept, done.unsqueeze(1)], dim=1).cpu()  # (B, K + 1): one sync
         if flags[:, :-1].any():
             penalty = length_penalty_divisor(step, cfg.length_penalty, cfg.lp_type)
-            _finalize(finished, beams, cands, flags[:, :-1], penalty)
+            _finalize(finished, beams, cands, flags[:, :-1], penalty, batch.constraints, missed)
         batch, beams = _advance(batch, beams, cands, flags[:, -1], beam_size, special.eos)
     logger.debug("beam search: %d sentences, beam %d, %d steps", B, beam_size, step)
+    if constraints is not None:  # outputs that miss a term (ended by the budget) come last
+        pairs = zip(finished, missed, strict=True)
+        return SearchResult([_nbest(hyps, cfg.nbest, miss) for hyps, miss in pairs])
     return SearchResult([_nbest(hyps, cfg.nbest) for hyps in finished])
 
 
@@ -569,6 +625,42 @@ def _top_candidates(lprobs: Tensor, tokens: Tensor, scores: Tensor, beam_size: i
     # fairseq: 2K candidates "in case half are EOS", so K non-EOS ones always remain
     top_scores, flat = total.topk(min(2 * beam_size, k * n), dim=1)  # (B, C)
     return _Candidates(top_scores, flat // n, tokens.view(B, k * n).gather(1, flat))
+
+
+def _constrained_candidates(
+    model: Seq2SeqModel,
+    batch: _Batch,
+    beams: _Beams,
+    step: int,
+    special: SpecialTokens,
+    beam_size: int,
+) -> _Candidates:
+    """`_top_candidates` under constraints (`decoding.constraints`): each row proposes its top
+    2K tokens plus the next token of each unmet term variant; EOS waits until every term is met;
+    the 2K candidates kept are in dynamic beam allocation's order, with their new state."""
+    assert batch.constraints is not None and beams.state is not None
+    B, k = beams.scores.shape
+    cons = batch.constraints.rows(B * k)
+    last = beams.tokens[:, -1]  # (N,)
+
+    def pick(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
+        no_eos_rows = lexical.unmet(cons, beams.state) | no_eos  # (N,)
+        lprobs, eos_lprob = _log_probs(logits, special, no_eos_rows)  # (N, V)
+        lprobs = lexical.mask_glued(cons, beams.state, lprobs)
+        top, tokens = topk(lprobs, min(2 * beam_size, lprobs.size(-1)))  # (N, n)
+        extra, extra_tokens = lexical.extra_candidates(cons, beams.state, lprobs, tokens, last)
+        top, tokens = torch.cat([top, extra], dim=1), torch.cat([tokens, extra_tokens], dim=1)
+        return _eos_at_limit(top, tokens, eos_lprob, at_limit, special.eos)
+
+    lprobs, tokens = _next_tokens(model, batch, last, step, special, pick)  # (N, c)
+    state, bank = lexical.advance(cons, beams.state, tokens, last)  # (N, c, W), (N, c)
+    c = tokens.size(1)
+    total = (beams.scores.unsqueeze(-1) + lprobs.view(B, k, c)).view(B, k * c)  # (B, k * c)
+    order = lexical.allocate(total, bank.view(B, k * c), 2 * beam_size, cons.n_banks)  # (B, C)
+    state = state.view(B, k * c, -1)
+    picked_state = state.gather(1, order.unsqueeze(2).expand(-1, -1, state.size(2)))
+    flat_tokens = tokens.view(B, k * c).gather(1, order)
+    return _Candidates(total.gather(1, order), order // c, flat_tokens, picked_state)
 
 
 def _accept_eos(cands: _Candidates, n_finished: Tensor, beam_size: int, eos: int) -> Tensor:
@@ -589,15 +681,23 @@ def _finalize(
     cands: _Candidates,
     accept: Tensor,  # (B, K) bool, on the CPU
     penalty: float,
+    constraints: lexical.ConstraintSet | None = None,
+    missed: list[list[Hypothesis]] | None = None,
 ) -> None:
-    """Store the accepted hypotheses (their tokens before EOS) with their scores."""
+    """Store the accepted hypotheses (their tokens before EOS) with their scores; under
+    `constraints`, those that miss a term (only the output budget ends them) go to `missed`."""
     sent_cpu, pos_cpu = accept.nonzero(as_tuple=True)  # (F,), (F,)
     sent, pos = sent_cpu.to(beams.scores.device), pos_cpu.to(beams.scores.device)
     rows = sent * beams.scores.size(1) + cands.beams[sent, pos]  # (F,) rows that end here
     prefixes = beams.tokens.index_select(0, rows)[:, 1:].tolist()  # drop bos
     totals = cands.scores[sent, pos].tolist()
-    for s, prefix, total in zip(beams.sent_ids[sent_cpu].tolist(), prefixes, totals, strict=True):
-        finished[s].append(Hypothesis(prefix, total / penalty, total))
+    misses = [False] * len(totals)
+    if constraints is not None and cands.state is not None and missed is not None:
+        state = cands.state[sent, pos]  # (F, W)
+        misses = lexical.unmet(constraints.select(sent), state).tolist()
+    sentences = beams.sent_ids[sent_cpu].tolist()
+    for s, prefix, total, miss in zip(sentences, prefixes, totals, misses, strict=True):
+        (missed if miss else finished)[s].append(Hypothesis(prefix, total / penalty, total))
 
 
 def _advance(
@@ -611,12 +711,12 @@ def _advance(
     keep_cpu = (~done).nonzero().squeeze(1)  # (B',)
     if keep_cpu.numel() == 0:
         empty = beams.n_finished[:0]
-        return batch, _Beams(keep_cpu, beams.scores[:0], beams.tokens[:0], empty, empty)
+        return batch, _Beams(keep_cpu, beams.scores[:0], beams.tokens[:0], empty, empty, None)
     pruned = keep_cpu.numel() < B
     device = beams.scores.device
     keep = keep_cpu.to(device) if pruned else torch.arange(B, device=device)  # (B',)
     if pruned:
-        cands = _Candidates(*(field.index_select(0, keep) for field in cands))
+        cands = _Candidates(*(f if f is None else f.index_select(0, keep) for f in cands))
     n_cands = cands.tokens.size(1)
     # the first K non-EOS candidates in rank order (fairseq's `active_mask` trick)
     order = cands.tokens.eq(eos).long() * n_cands + torch.arange(n_cands, device=device)
@@ -632,11 +732,21 @@ def _advance(
     n_finished, max_len = beams.n_finished, beams.max_len
     if pruned:
         n_finished, max_len = n_finished.index_select(0, keep), max_len.index_select(0, keep)
-    return batch, _Beams(beams.sent_ids[keep_cpu], scores, new_tokens, n_finished, max_len)
+    state = None
+    if cands.state is not None:  # (B' * K, W): each kept candidate's constraint state
+        width = cands.state.size(2)
+        state = cands.state.gather(1, picked.unsqueeze(2).expand(-1, -1, width)).view(-1, width)
+    return batch, _Beams(beams.sent_ids[keep_cpu], scores, new_tokens, n_finished, max_len, state)
 
 
-def _nbest(hyps: list[Hypothesis], nbest: int) -> list[Hypothesis]:
-    """Best `nbest` by score; a sentence always gets at least one (possibly empty) hypothesis."""
-    if not hyps:  # only with a vocabulary too small to fill the beam
+def _nbest(
+    hyps: list[Hypothesis], nbest: int, after: list[Hypothesis] | None = None
+) -> list[Hypothesis]:
+    """Best `nbest` by score, then (where too few) the best of `after`; a sentence always gets
+    at least one (possibly empty) hypothesis."""
+    ranked = sorted(hyps, key=lambda hyp: hyp.score, reverse=True)
+    if after:
+        ranked += sorted(after, key=lambda hyp: hyp.score, reverse=True)
+    if not ranked:  # only with a vocabulary too small to fill the beam
         return [Hypothesis([], float("-inf"), float("-inf"))]
-    return sorted(hyps, key=lambda hyp: hyp.score, reverse=True)[:nbest]
+    return ranked[:nbest]

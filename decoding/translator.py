@@ -6,6 +6,7 @@ Legend: B batch, S src len, T tgt len, L decoder layers, H heads.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from attnmt.common import runtime
 from attnmt.data.batching import encode_source_batch, pad_rows
 from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding import constraints as lexical
 from attnmt.decoding.alignment import Alignment, word_alignment
 from attnmt.decoding.scoring import TokenScores, score_batch
 from attnmt.decoding.search import (
@@ -59,6 +61,10 @@ class Translator:
     sentence's row takes the next one at once, with the same outputs up to float rounding.
     Empty (or whitespace-only) sentences give empty translations without reaching the model.
     A target prefix per sentence (`prefixes`) is forced, then searched on (`decoding.search`).
+    With a `glossary` (`decoding.constraints.Glossary`), the sentences that hold one of its
+    source terms are searched with lexical constraints (their target terms must appear, as
+    written): the constrained beam search, greedy included, in batches of their own; the
+    other sentences are searched as without a glossary.
     Sampling draws from one random generator seeded with `search_cfg.seed` when the
     `Translator` is made, so the same inputs in the same order give the same samples; it
     searches one batch at a time whatever `inter_threads` says.
@@ -102,13 +108,21 @@ class Translator:
         self.inter_threads = inter_threads
         self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
         self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
+        self._term_ids: dict[tuple[int, str], list[list[int]]] = {}  # (tokenizer, term): variants
+        self._pieces: dict[int, tuple[Tensor, Tensor]] = {}  # tokenizer: `piece_classes`
         self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
     def translate(
-        self, sentences: list[str], src_lang: str | None = None, tgt_lang: str | None = None
+        self,
+        sentences: list[str],
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        glossary: lexical.Glossary | None = None,
     ) -> list[str]:
         """The best translation of each sentence, in input order."""
-        nbest = self.translate_nbest(sentences, src_lang=src_lang, tgt_lang=tgt_lang)
+        nbest = self.translate_nbest(
+            sentences, src_lang=src_lang, tgt_lang=tgt_lang, glossary=glossary
+        )
         return [hypotheses[0].text for hypotheses in nbest]
 
     def languages(self, src_lang: str | None, tgt_lang: str | None) -> Tokenizer:
@@ -126,6 +140,7 @@ class Translator:
         prefixes: list[str] | None = None,
         src_lang: str | None = None,
         tgt_lang: str | None = None,
+        glossary: lexical.Glossary | None = None,
     ) -> list[list[TextHypothesis]]:
         """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
 
@@ -134,7 +149,11 @@ class Translator:
         `prefixes` (one per sentence, "" for none) are the start of each translation: their
         subwords are forced, and the translations include them. `src_lang`/`tgt_lang`: the
         pair of a multilingual imported model, whose target language token is forced first
-        and left out of the translations.
+        and left out of the translations. `glossary`: terms the translations must use.
+
+        Raises:
+            GlossaryError: a term found in a sentence is longer than that sentence's output
+                budget (`max_len_a`, `max_len_b`).
         """
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not a string")
@@ -148,7 +167,10 @@ class Translator:
         given = tokenizer.target_prefix()
         if given:
             prefix_ids = [given + ids for ids in prefix_ids or [[] for _ in src_ids]]
-        hypotheses = self.search_ids(src_ids, progress, prefix_ids, given=len(given))
+        terms = None
+        if glossary is not None and len(glossary):
+            terms = self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
+        hypotheses = self.search_ids(src_ids, progress, prefix_ids, len(given), terms)
         for nbest in hypotheses:  # the language token is not part of the translation
             for i, hyp in enumerate(nbest):
                 nbest[i] = hyp._replace(tokens=hyp.tokens[len(given) :])
@@ -159,22 +181,57 @@ class Translator:
             for nbest in hypotheses
         ]
 
+    def _terms(
+        self,
+        tokenizer: Tokenizer,
+        glossary: lexical.Glossary,
+        sentences: list[str],
+        src_ids: list[list[int]],
+        prefix_ids: list[list[int]] | None,
+    ) -> list[list[list[list[int]]]]:
+        """Per sentence, the glossary's terms found in it, each as its target's variants."""
+        cfg, found = self.search_cfg, []
+        for i, sentence in enumerate(sentences):
+            variants = []
+            for term in glossary.find(sentence) if src_ids[i] else []:
+                key = (id(tokenizer), term.target)
+                if key not in self._term_ids:
+                    if len(self._term_ids) > 100_000:  # per-request glossaries: stay bounded
+                        self._term_ids.clear()
+                    self._term_ids[key] = lexical.term_variants(tokenizer, term.target)
+                variants.append(self._term_ids[key])
+                budget = math.floor(len(src_ids[i]) * cfg.max_len_a + cfg.max_len_b)
+                budget = max(budget, len(prefix_ids[i]) if prefix_ids else 0)
+                shortest = min(len(v) for v in variants[-1])
+                if shortest > budget:
+                    raise lexical.GlossaryError(
+                        f"{term.origin}: the target term {term.target!r} takes {shortest} "
+                        f"subwords, more than the output budget ({budget}) of a sentence that "
+                        f"holds {term.source!r}; shorten the term or raise max_len_a/max_len_b"
+                    )
+            found.append(variants)
+        return found
+
     def search_ids(
         self,
         src_ids: list[list[int]],
         progress: Callable[[int], object] | None = None,
         prefix_ids: list[list[int]] | None = None,
         given: int = 0,
+        terms: list[list[list[list[int]]]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Search source id lists (no specials) in length-sorted batches; input order out.
 
         `progress(n)`, if given, is called with the number of empty sentences first, then
         after each batch with its size (greedy with continuous batching: as sentences finish).
         `prefix_ids` are forced target ids per sentence (None: no prefixes), whose first
-        `given` tokens score 0 (`decoding.search`).
+        `given` tokens score 0 (`decoding.search`). `terms`: per sentence, the target terms it
+        must use, each a list of variants (token id lists; `decoding.constraints`).
         """
         if prefix_ids is not None and not any(prefix_ids):
             prefix_ids = None
+        if terms is not None and any(terms):
+            return self._search_constrained(src_ids, progress, prefix_ids, given, terms)
         results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
         batches = length_sorted_batches(src_ids, self.search_cfg.batch_size)
         n_empty = len(src_ids) - sum(len(chunk) for chunk in batches)
@@ -198,6 +255,42 @@ class Translator:
                     progress(len(chunk))
         return results
 
+    def _search_constrained(
+        self,
+        src_ids: list[list[int]],
+        progress: Callable[[int], object] | None,
+        prefix_ids: list[list[int]] | None,
+        given: int,
+        terms: list[list[list[list[int]]]],
+    ) -> list[list[Hypothesis]]:
+        """`search_ids` where some sentences have terms: those are searched with constraints
+        in length-sorted batches of their own, the others as without terms."""
+        if self.search_cfg.sampling:
+            raise ValueError("terms (a glossary) need beam or greedy search, not sampling")
+        bound = [i for i, ids in enumerate(src_ids) if ids and terms[i]]
+        free = sorted(set(range(len(src_ids))) - set(bound))
+        results: list[list[Hypothesis]] = [[] for _ in src_ids]
+
+        def subset(rows: list | None, picked: list[int]) -> list | None:
+            return None if rows is None else [rows[i] for i in picked]
+
+        if free:
+            sources = subset(src_ids, free)
+            found = self.search_ids(sources, progress, subset(prefix_ids, free), given)
+            for i, nbest in zip(free, found, strict=True):
+                results[i] = nbest
+        sources = [src_ids[i] for i in bound]
+        batches = length_sorted_batches(sources, self.search_cfg.batch_size)
+        prefixes, bound_terms = subset(prefix_ids, bound), subset(terms, bound)
+        with self._eval_mode():
+            searched = self._search_all(sources, batches, prefixes, given, bound_terms)
+            for chunk, nbests in zip(batches, searched, strict=True):
+                for j, nbest in zip(chunk, nbests, strict=True):
+                    results[bound[j]] = nbest
+                if progress is not None:
+                    progress(len(chunk))
+        return results
+
     def _continuous(self) -> bool:
         """Whether greedy search runs with continuous batching: a model that offers it (an
         `engine.Engine` that is not int8: see `decoding.search.ContinuousGreedy`), one batch at
@@ -215,6 +308,7 @@ class Translator:
         batches: list[list[int]],
         prefix_ids: list[list[int]] | None = None,
         given: int = 0,
+        terms: list[list[list[list[int]]]] | None = None,
     ) -> Iterator[list[list[Hypothesis]]]:
         """Each batch's hypotheses, in batch order: one after the other, or `inter_threads`
         at once on a thread pool, torch's intra-op threads divided among them meanwhile
@@ -222,7 +316,8 @@ class Translator:
 
         def search(chunk: list[int]) -> list[list[Hypothesis]]:
             prefix = None if prefix_ids is None else [prefix_ids[i] for i in chunk]
-            return self._search([src_ids[i] for i in chunk], prefix, given)
+            chunk_terms = None if terms is None else [terms[i] for i in chunk]
+            return self._search([src_ids[i] for i in chunk], prefix, given, chunk_terms)
 
         if self.inter_threads == 1 or len(batches) < 2 or self.search_cfg.sampling:
             for chunk in batches:
@@ -270,7 +365,11 @@ class Translator:
         )
 
     def _search(
-        self, batch: list[list[int]], prefix_ids: list[list[int]] | None = None, given: int = 0
+        self,
+        batch: list[list[int]],
+        prefix_ids: list[list[int]] | None = None,
+        given: int = 0,
+        terms: list[list[list[list[int]]]] | None = None,
     ) -> list[list[Hypothesis]]:
         cfg, special = self.search_cfg, self.tokenizer.special
         src = encode_source_batch(batch, special).to(self.device)  # (B, S)
@@ -278,8 +377,14 @@ class Translator:
         if cfg.sampling:
             found = sample_search(self.model, src, special, cfg, prefix, self.generator, given)
             return found.hypotheses
+        cons = None
+        if terms is not None:
+            key = id(self.tokenizer)
+            if key not in self._pieces:
+                self._pieces[key] = lexical.piece_classes(self.tokenizer, special.bos)
+            cons = lexical.constraint_set(terms, *self._pieces[key], self.device)
         search = greedy_search if cfg.beam_size == 1 else beam_search
-        return search(self.model, src, special, cfg, prefix, given=given).hypotheses
+        return search(self.model, src, special, cfg, prefix, given, cons).hypotheses
 
     def score(
         self,

@@ -1,0 +1,334 @@
+"""Terminology: glossaries, their terms in a sentence, and lexically constrained beam search.
+
+Legend: B sentences, K beam, N = B * K rows (hypotheses), c candidates per row, C candidates per
+sentence, M term variants per sentence, L tokens of the longest variant, G terms per sentence,
+W = M + G + 1 state columns, V vocab.
+
+A glossary maps source terms to target terms (`source<TAB>target` lines; a term mapped to itself
+is a do-not-translate term). A source term is found in an input sentence on whole words,
+case-insensitively, longest terms first, never overlapping; each term found once in a sentence
+becomes one constraint: its target term, exactly as written, must appear in the translation.
+
+A constraint is a disjunction of token sequences (`term_variants`): SentencePiece may split a
+term differently in a sentence than alone (after "(" or a quote its first piece has no word
+boundary "▁"; before punctuation its last piece may take the punctuation along), so every
+segmentation found in a few contexts is allowed. A variant that starts without "▁" may only
+start after a piece that ends in a non-word character, and a variant just completed may not be
+followed by a piece that continues its word: the term stays a whole word of the output.
+
+The search is dynamic beam allocation (Post & Vilar 2018), vectorised over sentences and
+hypotheses as in Hu et al. 2019 (fairseq's `LexicallyConstrainedBeamSearch`):
+- each hypothesis carries its state on the search's rows beside the KV cache: per variant, how
+  many of its tokens end the hypothesis (`prog`); per term, whether it is met (`met`); whether
+  a term was completed by its last token (`ended`), packed in one (N, W) long tensor;
+- each step's candidates are each hypothesis's top 2K tokens plus, per unmet term variant, its
+  next token (the first one, or the one that continues a partial match);
+- a candidate's bank is the number of constraint tokens it has met (met terms count fully,
+  partial matches count their matched tokens); the beam is filled round-robin over the banks,
+  fullest bank first: the best candidate of each bank, then the second best of each, ...;
+- EOS is only allowed once every term is met (or where the output budget forces it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnmt.common.errors import UserError
+from attnmt.common.files import read_lines
+
+# Contexts a target term is encoded in to find its segmentations (`term_variants`).
+_CONTEXTS = ("{}", "{}.", "{},", "({})", '"{}"')
+
+
+class GlossaryError(UserError):
+    """A glossary line or entry that cannot be used; the message names where it is."""
+
+
+@dataclass(frozen=True)
+class Term:
+    source: str
+    target: str
+    origin: str  # where it was given: "FILE:LINE", or "glossary entry 'SOURCE'"
+
+
+class Glossary:
+    """Source terms -> target terms, with the whole-word, case-insensitive matcher.
+
+    Raises:
+        GlossaryError: an empty term, or one source term given two different targets.
+    """
+
+    def __init__(self, terms: Iterable[Term]) -> None:
+        self.terms: list[Term] = []
+        seen: dict[str, Term] = {}
+        for term in terms:
+            if not term.source.strip() or not term.target.strip():
+                side = "source" if not term.source.strip() else "target"
+                raise GlossaryError(f"{term.origin}: the {side} term is empty; give both terms")
+            key = _words(term.source).casefold()
+            if key in seen:
+                if seen[key].target != term.target:
+                    raise GlossaryError(
+                        f"{term.origin}: {term.source!r} is already mapped to "
+                        f"{seen[key].target!r} at {seen[key].origin}; keep one of the two"
+                    )
+                continue
+            seen[key] = term
+            self.terms.append(Term(term.source.strip(), term.target.strip(), term.origin))
+        # longest source terms first, so "young boy" wins over "boy" where both match
+        ordered = sorted(self.terms, key=lambda t: -len(_words(t.source)))
+        self._by_key = {_words(t.source).casefold(): t for t in ordered}
+        alternatives = "|".join(r"\s+".join(map(re.escape, t.source.split())) for t in ordered)
+        self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    @classmethod
+    def from_file(cls, path: str) -> Glossary:
+        """A TSV file of `source term<TAB>target term` lines (blank lines are skipped)."""
+        terms = []
+        for number, line in enumerate(read_lines(path, "--glossary"), start=1):
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            where = f"{path}:{number}"
+            if len(fields) != 2:
+                found = "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs"
+                raise GlossaryError(f"{where}: {found}; each line is 'source term<TAB>target term'")
+            terms.append(Term(fields[0], fields[1], where))
+        return cls(terms)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, str]) -> Glossary:
+        """`{"source term": "target term"}` (the server's `glossary` field)."""
+        terms = []
+        for source, target in mapping.items():
+            if not isinstance(source, str) or not isinstance(target, str):
+                raise GlossaryError("glossary: each term must be a string")
+            terms.append(Term(source, target, f"glossary entry {source!r}"))
+        return cls(terms)
+
+    def find(self, sentence: str) -> list[Term]:
+        """The terms whose source occurs in `sentence` (whole words, any case), each once, in
+        order of first occurrence."""
+        if not self.terms:
+            return []
+        found: dict[str, Term] = {}
+        for match in self._pattern.finditer(sentence):
+            term = self._by_key[_words(match.group()).casefold()]
+            found.setdefault(term.source, term)
+        return list(found.values())
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def uses_term(text: str, target: str) -> bool:
+    """Whether `target` occurs in `text` as written (exact case), on whole words."""
+    return re.search(rf"(?<!\w){re.escape(target)}(?!\w)", text) is not None
+
+
+# ------------------------------------------------------------------------- token sequences
+
+
+def term_variants(tokenizer, target: str) -> list[list[int]]:  # noqa: ANN001
+    """The token sequences that spell `target` as a whole word: in each context of `_CONTEXTS`,
+    the shortest windows of the encoded context whose text is the term (plus punctuation that
+    shares its last piece); the segmentation of the term alone comes first."""
+    variants: list[list[int]] = []
+    pattern = re.compile(re.escape(target) + r"[^\w\s]*")
+    for context in _CONTEXTS:
+        ids = tokenizer.encode_tgt([context.format(target)])[0]
+        for i in range(len(ids)):
+            for j in range(i + 1, len(ids) + 1):
+                if pattern.fullmatch(tokenizer.decode_tgt([ids[i:j]])[0].strip()):
+                    if ids[i:j] not in variants:
+                        variants.append(ids[i:j])
+                    break
+    return variants or [tokenizer.encode_tgt([target])[0]]
+
+
+def piece_classes(tokenizer, bos: int) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(V,) bool each: `glued` pieces continue the word before them (no "▁", a word character
+    first); `opener` pieces end in a non-word character (or are BOS), so a variant without "▁"
+    may start after them and still be a whole word."""
+    pieces = tokenizer.tgt_pieces(list(range(tokenizer.tgt_vocab_size)))
+    glued = torch.tensor([bool(p) and p[0] != "▁" and p[0].isalnum() for p in pieces])
+    opener = torch.tensor([not p or not p[-1].isalnum() for p in pieces])
+    opener[bos] = True
+    return glued, opener
+
+
+class ConstraintSet(NamedTuple):
+    """Each sentence's terms as variants, padded: one row per sentence (or per hypothesis,
+    after `rows`). A sentence without terms has no valid variant and one bank."""
+
+    seqs: Tensor  # (B, M, L) long: variant tokens, -1 past each variant's end
+    lens: Tensor  # (B, M) long: tokens per variant; 0 = no variant
+    attached: Tensor  # (B, M) bool: the variant's first piece is glued (no "▁")
+    groups: Tensor  # (B, M, G) float: one-hot, the term each variant spells
+    sizes: Tensor  # (B, G) long: tokens of each term's shortest variant; 0 = no term
+    glued: Tensor  # (V,) bool (`piece_classes`)
+    opener: Tensor  # (V,) bool
+    n_banks: int  # 1 + most constraint tokens of a sentence
+
+    def select(self, sentences: Tensor) -> ConstraintSet:
+        """Keep the live sentences (B',) only."""
+        fields = (f.index_select(0, sentences) for f in self[:5])
+        return ConstraintSet(*fields, self.glued, self.opener, self.n_banks)
+
+    def rows(self, n_rows: int) -> ConstraintSet:
+        """One row per hypothesis (K consecutive rows per sentence)."""
+        k = n_rows // self.seqs.size(0)
+        fields = (f.repeat_interleave(k, dim=0) if k > 1 else f for f in self[:5])
+        return ConstraintSet(*fields, self.glued, self.opener, self.n_banks)
+
+    def width(self) -> int:
+        """W: state columns per hypothesis."""
+        return self.seqs.size(1) + self.sizes.size(1) + 1
+
+
+def constraint_set(
+    terms: list[list[list[list[int]]]], glued: Tensor, opener: Tensor, device: torch.device
+) -> ConstraintSet:
+    """Per sentence, per term, its variants (token id lists) -> padded tensors on `device`."""
+    G = max(1, max(len(t) for t in terms))
+    M = max(1, max(sum(len(v) for v in t) for t in terms))
+    L = max([1] + [len(s) for t in terms for v in t for s in v])
+    B = len(terms)
+    seqs = torch.full((B, M, L), -1, dtype=torch.long)
+    lens = torch.zeros(B, M, dtype=torch.long)
+    groups = torch.zeros(B, M, G)
+    sizes = torch.zeros(B, G, dtype=torch.long)
+    attached = torch.zeros(B, M, dtype=torch.bool)
+    for b, sentence in enumerate(terms):
+        m = 0
+        for g, variants in enumerate(sentence):
+            sizes[b, g] = min(len(v) for v in variants)
+            for v in variants:
+                seqs[b, m, : len(v)] = torch.tensor(v)
+                lens[b, m], groups[b, m, g], attached[b, m] = len(v), 1.0, bool(glued[v[0]])
+                m += 1
+    n_banks = 1 + int(sizes.sum(dim=1).max())
+    fields = (seqs, lens, attached, groups, sizes, glued, opener)
+    return ConstraintSet(*(f.to(device) for f in fields), n_banks)
+
+
+# ------------------------------------------------------------------------- per-hypothesis state
+
+
+class State(NamedTuple):
+    prog: Tensor  # (..., M) long: tokens of each variant that end the hypothesis
+    met: Tensor  # (..., G) bool: terms met
+    ended: Tensor  # (...) bool: the last token completed a term
+
+
+def initial_state(cons: ConstraintSet) -> Tensor:
+    """(B, W) long: nothing met, nothing matched."""
+    return torch.zeros(cons.seqs.size(0), cons.width(), dtype=torch.long, device=cons.seqs.device)
+
+
+def unpack(cons: ConstraintSet, packed: Tensor) -> State:
+    M, G = cons.seqs.size(1), cons.sizes.size(1)
+    return State(packed[..., :M], packed[..., M : M + G].bool(), packed[..., -1].bool())
+
+
+def pack(state: State) -> Tensor:
+    return torch.cat([state.prog, state.met.long(), state.ended.long().unsqueeze(-1)], dim=-1)
+
+
+def unmet(cons: ConstraintSet, packed: Tensor) -> Tensor:
+    """(N,) bool: rows with a term still to meet (rows of `cons.rows`)."""
+    return (cons.sizes.gt(0) & ~unpack(cons, packed).met).any(dim=1)
+
+
+def mask_glued(cons: ConstraintSet, packed: Tensor, lprobs: Tensor) -> Tensor:
+    """Rows whose last token completed a term may not continue its word.
+
+    Shape: lprobs (N, V) -> (N, V)."""
+    ended = unpack(cons, packed).ended.unsqueeze(1)  # (N, 1)
+    return lprobs.masked_fill(ended & cons.glued.unsqueeze(0), float("-inf"))
+
+
+def _next_expected(cons: ConstraintSet, prog: Tensor) -> Tensor:
+    """(N, M): each variant's token after its matched part (-1 where none is left)."""
+    L = cons.seqs.size(2)
+    return cons.seqs.gather(2, prog.clamp(max=L - 1).unsqueeze(2)).squeeze(2)
+
+
+def extra_candidates(
+    cons: ConstraintSet, packed: Tensor, lprobs: Tensor, top: Tensor, last: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Per row, the next token of every variant of an unmet term, with its log-probability;
+    -inf where the variant is padding, its term met, the token already among the row's `top`
+    tokens or an earlier variant's, or an attached variant would start after a word.
+
+    Shape: lprobs (N, V), top (N, n), last (N,) -> (N, M) float, (N, M) long.
+    """
+    state = unpack(cons, packed)
+    nxt = _next_expected(cons, state.prog)  # (N, M)
+    term_met = (cons.groups * state.met.unsqueeze(1)).sum(dim=2).gt(0)  # (N, M)
+    ok = cons.lens.gt(0) & ~term_met & nxt.ge(0)
+    starting = state.prog.eq(0)
+    ok &= ~(starting & cons.attached & ~cons.opener[last].unsqueeze(1))
+    ok &= ~nxt.unsqueeze(2).eq(top.unsqueeze(1)).any(dim=2)  # proposed already
+    M = nxt.size(1)
+    earlier = torch.ones(M, M, dtype=torch.bool, device=nxt.device).tril(-1)  # (M, M)
+    ok &= ~(nxt.unsqueeze(2).eq(nxt.unsqueeze(1)) & earlier).any(dim=2)
+    token = nxt.clamp(min=0)
+    return lprobs.gather(1, token).masked_fill(~ok, float("-inf")), token
+
+
+def advance(
+    cons: ConstraintSet, packed: Tensor, tokens: Tensor, last: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The state after each candidate token, and its bank (constraint tokens met).
+
+    A variant's match goes on where the token is its next one, restarts at 1 where the token is
+    its first (an attached variant only after an opener), else drops to 0 (Post & Vilar's
+    unwinding). A term is met once any variant is complete; met terms count all their tokens
+    in the bank, unmet ones their longest partial match.
+
+    Shape: packed (N, W), tokens (N, c), last (N,) -> (N, c, W) long, (N, c) long.
+    """
+    state = unpack(cons, packed)
+    t = tokens.unsqueeze(2)  # (N, c, 1)
+    first = cons.seqs[:, :, 0].unsqueeze(1)  # (N, 1, M)
+    may_start = (~cons.attached | cons.opener[last].unsqueeze(1)).unsqueeze(1)  # (N, 1, M)
+    going_on = _next_expected(cons, state.prog).unsqueeze(1).eq(t)  # (N, c, M)
+    prog = torch.where(going_on, state.prog.unsqueeze(1) + 1, (first.eq(t) & may_start).long())
+    complete = prog.ge(cons.lens.unsqueeze(1)) & cons.lens.gt(0).unsqueeze(1)  # (N, c, M)
+    now_met = torch.bmm(complete.float(), cons.groups).gt(0)  # (N, c, G)
+    met = state.met.unsqueeze(1) | now_met
+    prog = prog.masked_fill(torch.bmm(met.float(), cons.groups.transpose(1, 2)).gt(0), 0)
+    sizes = cons.sizes.unsqueeze(1)  # (N, 1, G)
+    partial = (prog.unsqueeze(3) * cons.groups.unsqueeze(1)).amax(dim=2)  # (N, c, G)
+    partial = torch.minimum(partial.long(), (sizes - 1).clamp(min=0))
+    bank = torch.where(met, sizes, partial).sum(dim=2)  # (N, c)
+    ended = (now_met & ~state.met.unsqueeze(1)).any(dim=2)  # (N, c)
+    return pack(State(prog, met, ended)), bank
+
+
+def allocate(scores: Tensor, banks: Tensor, n_keep: int, n_banks: int) -> Tensor:
+    """Candidates in the order the beam takes them: round-robin over banks, fullest bank first
+    (the best of each bank, then the second best of each, ...); -inf candidates last.
+
+    Shape: scores, banks (B, C) -> (B, n_keep) indices into C.
+    """
+    by_score = scores.argsort(dim=1, descending=True)  # (B, C)
+    bank = banks.gather(1, by_score)
+    onehot = F.one_hot(bank, n_banks)  # (B, C, n_banks)
+    rank = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # (B, C) rank within its bank
+    key = rank * n_banks + (n_banks - 1 - bank)
+    key = key.masked_fill(scores.gather(1, by_score).isneginf(), scores.size(1) * n_banks)
+    order = key.topk(min(n_keep, key.size(1)), dim=1, largest=False).indices  # keys unique
+    return by_score.gather(1, order)
