@@ -35,6 +35,7 @@ from attnmt.cli.args import Parser, number, program_name
 from attnmt.common.errors import UserError, exit_status
 from attnmt.common.files import atomic_open, read_lines
 from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.glossary import Glossary
 from attnmt.decoding.inputs import AlignedLines, Input, open_aligned, open_input
 
 if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are checked
@@ -210,6 +211,14 @@ def add_prefix_flags(parser: argparse.ArgumentParser) -> None:
         help="each input line is 'SOURCE<TAB>PREFIX' (a line without a tab has no prefix): "
         "--prefix for standard input and interactive use",
     )
+    add(
+        "--glossary",
+        metavar="FILE",
+        help="terminology: a TSV of 'source term<TAB>target term' lines; where a source term "
+        "occurs in an input line (whole words, any case), the translation uses its target "
+        "term as written (a term mapped to itself is kept untranslated); beam or greedy "
+        "search with lexical constraints (see docs/translating.md)",
+    )
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -296,6 +305,9 @@ def check_combinations(args: argparse.Namespace) -> None:
         raise UserError("--token-scores goes with --score FILE; add --score or drop it")
     if args.prefix is not None and args.tab_prefix:
         raise UserError("--prefix FILE and --tab-prefix both give prefixes; keep one")
+    if args.glossary is not None and (args.sampling or args.score is not None):
+        flag = "--sampling" if args.sampling else "--score"
+        raise UserError(f"--glossary constrains beam or greedy search: drop {flag} or --glossary")
     if args.alignment_layer is not None and not args.print_alignment:
         raise UserError("--alignment-layer goes with --print-alignment; add it or drop the layer")
     if args.split_sentences:  # each of these is per input line, not per sentence
@@ -390,6 +402,7 @@ def run(args: argparse.Namespace) -> None:
     sentences = [" ".join(s.splitlines()) for s in args.sentences]
     refs = None if args.ref is None else read_lines(args.ref, "--ref")
     side_flag, side_path = ("--score", args.score) if args.score else ("--prefix", args.prefix)
+    glossary = None if args.glossary is None else Glossary.from_file(args.glossary)
     with open_input(sentences, args.input, args.buffer_size) as source:
         progress = not source.interactive and not sentences and sys.stderr.isatty()
         counted = refs is not None or progress or side_path is not None
@@ -413,6 +426,7 @@ def run(args: argparse.Namespace) -> None:
                         layer=args.alignment_layer,
                         tag=args.tag,
                         split=split_language(args) if args.split_sentences else None,
+                        glossary=glossary,
                     )
                     done = translate_input(translator, source, out, job, n_lines, progress)
                 if side is not None:
@@ -480,6 +494,7 @@ class Job(NamedTuple):
     layer: int | None = None  # --alignment-layer
     tag: str | None = None  # --tag: put before each non-empty line
     split: str | None = None  # --split-sentences: the ISO 639-1 code whose rules split lines
+    glossary: Glossary | None = None  # --glossary: terms the translations must use
 
 
 def translate_input(
@@ -514,7 +529,9 @@ def translate_input(
             elif job.prefixes is not None:
                 prefixes = job.prefixes.take(len(batch))
             tagged = [f"{job.tag} {x}" if job.tag and x.strip() else x for x in lines]
-            results = translator.translate_nbest(tagged, bar.update, prefixes)
+            results = translator.translate_nbest(
+                tagged, bar.update, prefixes, glossary=job.glossary
+            )
             alignments = None
             if job.align:
                 shift = bool(job.tag) or bool(translator.tokenizer.source_prefix())
@@ -539,7 +556,7 @@ def translate_split(
     assert job.split is not None
     parts = split_lines(batch, job.split)
     tagged = [f"{job.tag} {s}" if job.tag else s for s in parts.sentences]
-    results = translator.translate_nbest(tagged)
+    results = translator.translate_nbest(tagged, glossary=job.glossary)
     lines = parts.rejoin([nbest[0].text for nbest in results])
     out.write("".join(line + "\n" for line in lines).encode("utf-8"))
     out.flush()
@@ -553,7 +570,7 @@ def split_language(args: argparse.Namespace) -> str:
 
     from attnmt.checkpoint import resolve_checkpoint
     from attnmt.data.sentences import splitting_language
-    from attnmt.server.languages import model_languages
+    from attnmt.data.languages import model_languages
 
     code = args.src_lang
     if code is None:  # load_engine checked the file; mmap reads only the entries looked at

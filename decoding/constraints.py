@@ -1,13 +1,12 @@
-"""Terminology: glossaries, their terms in a sentence, and lexically constrained beam search.
+"""Terminology on token ids: a glossary's terms (`decoding.glossary`) as lexical constraints of
+the beam search.
 
 Legend: B sentences, K beam, N = B * K rows (hypotheses), c candidates per row, C candidates per
 sentence, M term variants per sentence, L tokens of the longest variant, G terms per sentence,
 W = M + G + 1 state columns, V vocab.
 
-A glossary maps source terms to target terms (`source<TAB>target` lines; a term mapped to itself
-is a do-not-translate term). A source term is found in an input sentence on whole words,
-case-insensitively, longest terms first, never overlapping; each term found once in a sentence
-becomes one constraint: its target term, exactly as written, must appear in the translation.
+Each term `decoding.glossary.Glossary.find` finds in a sentence becomes one constraint: its
+target term, exactly as written, must appear in the translation.
 
 A constraint is a disjunction of token sequences (`term_variants`): SentencePiece may split a
 term differently in a sentence than alone (after "(" or a quote its first piece has no word
@@ -32,115 +31,22 @@ hypotheses as in Hu et al. 2019 (fairseq's `LexicallyConstrainedBeamSearch`):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnmt.common.errors import UserError
-from attnmt.common.files import read_lines
+from attnmt.data.tokenizer import Tokenizer
 
 # Contexts a target term is encoded in to find its segmentations (`term_variants`).
 _CONTEXTS = ("{}", "{}.", "{},", "({})", '"{}"')
 
 
-class GlossaryError(UserError):
-    """A glossary line or entry that cannot be used; the message names where it is."""
-
-
-@dataclass(frozen=True)
-class Term:
-    source: str
-    target: str
-    origin: str  # where it was given: "FILE:LINE", or "glossary entry 'SOURCE'"
-
-
-class Glossary:
-    """Source terms -> target terms, with the whole-word, case-insensitive matcher.
-
-    Raises:
-        GlossaryError: an empty term, or one source term given two different targets.
-    """
-
-    def __init__(self, terms: Iterable[Term]) -> None:
-        self.terms: list[Term] = []
-        seen: dict[str, Term] = {}
-        for term in terms:
-            if not term.source.strip() or not term.target.strip():
-                side = "source" if not term.source.strip() else "target"
-                raise GlossaryError(f"{term.origin}: the {side} term is empty; give both terms")
-            key = _words(term.source).casefold()
-            if key in seen:
-                if seen[key].target != term.target:
-                    raise GlossaryError(
-                        f"{term.origin}: {term.source!r} is already mapped to "
-                        f"{seen[key].target!r} at {seen[key].origin}; keep one of the two"
-                    )
-                continue
-            seen[key] = term
-            self.terms.append(Term(term.source.strip(), term.target.strip(), term.origin))
-        # longest source terms first, so "young boy" wins over "boy" where both match
-        ordered = sorted(self.terms, key=lambda t: -len(_words(t.source)))
-        self._by_key = {_words(t.source).casefold(): t for t in ordered}
-        alternatives = "|".join(r"\s+".join(map(re.escape, t.source.split())) for t in ordered)
-        self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
-
-    def __len__(self) -> int:
-        return len(self.terms)
-
-    @classmethod
-    def from_file(cls, path: str) -> Glossary:
-        """A TSV file of `source term<TAB>target term` lines (blank lines are skipped)."""
-        terms = []
-        for number, line in enumerate(read_lines(path, "--glossary"), start=1):
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            where = f"{path}:{number}"
-            if len(fields) != 2:
-                found = "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs"
-                raise GlossaryError(f"{where}: {found}; each line is 'source term<TAB>target term'")
-            terms.append(Term(fields[0], fields[1], where))
-        return cls(terms)
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, str]) -> Glossary:
-        """`{"source term": "target term"}` (the server's `glossary` field)."""
-        terms = []
-        for source, target in mapping.items():
-            if not isinstance(source, str) or not isinstance(target, str):
-                raise GlossaryError("glossary: each term must be a string")
-            terms.append(Term(source, target, f"glossary entry {source!r}"))
-        return cls(terms)
-
-    def find(self, sentence: str) -> list[Term]:
-        """The terms whose source occurs in `sentence` (whole words, any case), each once, in
-        order of first occurrence."""
-        if not self.terms:
-            return []
-        found: dict[str, Term] = {}
-        for match in self._pattern.finditer(sentence):
-            term = self._by_key[_words(match.group()).casefold()]
-            found.setdefault(term.source, term)
-        return list(found.values())
-
-
-def _words(text: str) -> str:
-    return " ".join(text.split())
-
-
-def uses_term(text: str, target: str) -> bool:
-    """Whether `target` occurs in `text` as written (exact case), on whole words."""
-    return re.search(rf"(?<!\w){re.escape(target)}(?!\w)", text) is not None
-
-
 # ------------------------------------------------------------------------- token sequences
 
 
-def term_variants(tokenizer, target: str) -> list[list[int]]:  # noqa: ANN001
+def term_variants(tokenizer: Tokenizer, target: str) -> list[list[int]]:
     """The token sequences that spell `target` as a whole word: in each context of `_CONTEXTS`,
     the shortest windows of the encoded context whose text is the term (plus punctuation that
     shares its last piece); the segmentation of the term alone comes first."""
@@ -157,7 +63,7 @@ def term_variants(tokenizer, target: str) -> list[list[int]]:  # noqa: ANN001
     return variants or [tokenizer.encode_tgt([target])[0]]
 
 
-def piece_classes(tokenizer, bos: int) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+def piece_classes(tokenizer: Tokenizer, bos: int) -> tuple[Tensor, Tensor]:
     """(V,) bool each: `glued` pieces continue the word before them (no "▁", a word character
     first); `opener` pieces end in a non-word character (or are BOS), so a variant without "▁"
     may start after them and still be a whole word."""

@@ -20,6 +20,7 @@ from attnmt.data.batching import encode_source_batch, pad_rows
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding import constraints as lexical
 from attnmt.decoding.alignment import Alignment, word_alignment
+from attnmt.decoding.glossary import Glossary, GlossaryError
 from attnmt.decoding.scoring import TokenScores, score_batch
 from attnmt.decoding.search import (
     Hypothesis,
@@ -61,7 +62,7 @@ class Translator:
     sentence's row takes the next one at once, with the same outputs up to float rounding.
     Empty (or whitespace-only) sentences give empty translations without reaching the model.
     A target prefix per sentence (`prefixes`) is forced, then searched on (`decoding.search`).
-    With a `glossary` (`decoding.constraints.Glossary`), the sentences that hold one of its
+    With a `glossary` (`decoding.glossary.Glossary`), the sentences that hold one of its
     source terms are searched with lexical constraints (their target terms must appear, as
     written): the constrained beam search, greedy included, in batches of their own; the
     other sentences are searched as without a glossary.
@@ -117,7 +118,7 @@ class Translator:
         sentences: list[str],
         src_lang: str | None = None,
         tgt_lang: str | None = None,
-        glossary: lexical.Glossary | None = None,
+        glossary: Glossary | None = None,
     ) -> list[str]:
         """The best translation of each sentence, in input order."""
         nbest = self.translate_nbest(
@@ -140,7 +141,7 @@ class Translator:
         prefixes: list[str] | None = None,
         src_lang: str | None = None,
         tgt_lang: str | None = None,
-        glossary: lexical.Glossary | None = None,
+        glossary: Glossary | None = None,
     ) -> list[list[TextHypothesis]]:
         """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
 
@@ -184,7 +185,7 @@ class Translator:
     def _terms(
         self,
         tokenizer: Tokenizer,
-        glossary: lexical.Glossary,
+        glossary: Glossary,
         sentences: list[str],
         src_ids: list[list[int]],
         prefix_ids: list[list[int]] | None,
@@ -204,7 +205,7 @@ class Translator:
                 budget = max(budget, len(prefix_ids[i]) if prefix_ids else 0)
                 shortest = min(len(v) for v in variants[-1])
                 if shortest > budget:
-                    raise lexical.GlossaryError(
+                    raise GlossaryError(
                         f"{term.origin}: the target term {term.target!r} takes {shortest} "
                         f"subwords, more than the output budget ({budget}) of a sentence that "
                         f"holds {term.source!r}; shorten the term or raise max_len_a/max_len_b"
