@@ -16,6 +16,7 @@ import sentencepiece as spm
 
 from attnmt.common.files import atomic_write
 from attnmt.data.errors import DataError
+from attnmt.data.languages import resolve
 from attnmt.data.tokenizer import SpecialIds, Tokenizer, check_texts
 
 IMPORTED_TOKENIZER = "tokenizer.pt"  # an imported model's tokenizer state (scripts/import_hf.py)
@@ -98,8 +99,10 @@ class VocabTokenizer(Tokenizer):
         vocab = self.vocab
         if not vocab.languages:
             return super().for_languages(src_lang, tgt_lang)
-        src_lang = src_lang if src_lang is not None else vocab.src_lang
-        tgt_lang = tgt_lang if tgt_lang is not None else vocab.tgt_lang
+        # Any form of a code (ISO 639-1/3, BCP-47, `>>deu<<`) stands for the model's own.
+        codes = list(vocab.languages)
+        src_lang = vocab.src_lang if src_lang is None else resolve(src_lang, codes) or src_lang
+        tgt_lang = vocab.tgt_lang if tgt_lang is None else resolve(tgt_lang, codes) or tgt_lang
         needed = ("source", "target") if vocab.convention == "nllb" else ("target",)
         for side, code in (("source", src_lang), ("target", tgt_lang)):
             if code is None and side in needed:

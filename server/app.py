@@ -2,7 +2,8 @@
 
 Routes: `POST /translate` (two APIs on one route, told apart by the body: ours, a JSON object
 with `sentences`, and LibreTranslate's, a JSON object or a form with `q`, in
-`libretranslate`), `POST /attention`, `GET /languages` (LibreTranslate's), `GET /models`,
+`libretranslate`), `POST /attention`, LibreTranslate's `GET /languages`, `POST /detect`,
+`GET /frontend/settings`, `POST /translate_file` and `GET /download_file/{name}`, `GET /models`,
 `GET /info`, `GET /health`, `GET /metrics` (Prometheus), `GET /openapi.json`, `GET /` (the
 page, from `server/static`).
 
@@ -67,6 +68,15 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
         Route("/translate", counted(translate), methods=["POST"]),
         Route("/attention", counted(attention), methods=["POST"]),
         Route("/languages", libretranslate.languages, methods=["GET"]),
+        Route("/detect", libretranslate.detect, methods=["POST"]),
+        Route("/frontend/settings", libretranslate.frontend_settings, methods=["GET"]),
+        Route("/translate_file", counted(libretranslate.translate_file), methods=["POST"]),
+        Route(
+            "/download_file/{name}",
+            libretranslate.download_file,
+            methods=["GET"],
+            name="download_file",
+        ),
         Route("/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/info", info, methods=["GET"]),

@@ -1,9 +1,14 @@
 """LibreTranslate's API, as its clients call it: `POST /translate` with `q` (a text or a list
-of texts), `source` (a code, or `auto` for a model with one source language), `target`,
+of texts), `source` (any form of a language code, `data.languages`, or `auto`: detected
+among the served languages), `target`,
 `format` (`text`: each line; `html`: each text node, markup kept), `alternatives` and our
 `split_sentences` (default true: each line or text node is split into sentences, as
 LibreTranslate does), as a JSON object or a form (`application/x-www-form-urlencoded` or
-`multipart/form-data`, whose repeated `q` fields make a list); `GET /languages`.
+`multipart/form-data`, whose repeated `q` fields make a list); `GET /languages`;
+`POST /detect`; `GET /frontend/settings`; `POST /translate_file` (a .txt, .html or .docx
+file, `server.documents`) and `GET /download_file/{name}`, where its translation waits.
+A text whose source is its target language (named, or detected) comes back as it is, as in
+LibreTranslate, unless a model translates that pair.
 
 It answers LibreTranslate's codes, in the one error shape `{"error": ...}`: 400 for any
 request it cannot take, 403 a missing or unknown API key, 429 over a key's cap or the queue,
@@ -13,16 +18,21 @@ Torch-free.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
+from attnmt.data.languages import detect as detect_languages
+from attnmt.data.languages import language_name, same_language
 from attnmt.server.batcher import Job
+from attnmt.server.documents import FORMATS, MAX_FILE_BYTES, FileError, Parsed, parse_file
 from attnmt.server.handling import (
+    check_key,
     check_output_budget,
     count_route,
     error,
@@ -31,11 +41,12 @@ from attnmt.server.handling import (
     service_of,
     submit,
 )
-from attnmt.server.languages import language_name
+from attnmt.server.html import Document
 from attnmt.server.service import RoutingError, ServedModel, Service
 from attnmt.server.splitting import Texts, check_limits, source_language, split_option
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: the page waits this long after typing
 
 
 class Fields(NamedTuple):
@@ -91,47 +102,211 @@ async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONR
     answers and codes (the module docstring)."""
     fields = _fields(body, form, service.limits.max_beam)
     split = split_option(body, True, 400, "Invalid request: ")
-    model, langs = _route(fields, service)
+    detected = await _detected(fields.texts, fields.fmt, fields.source, service)
+    source = fields.source if detected is None else detected["language"]
+    routed = _route(source, fields.target, service)
+    if routed is None:  # already in the target language: as it came (LibreTranslate's too)
+        texts = Texts(fields.texts, source, False, fields.fmt)
+        hyps = [[(s, 0.0)] for s in texts.sentences]
+        return JSONResponse(_answer(fields, texts, hyps, detected))
+    model, langs = routed
     # Each line of a text (format text) or text node (html), split into sentences unless the
     # request says split_sentences: false, is translated; `texts` puts the answer together.
-    source = source_language(model.sources, fields.source)
-    texts = Texts(fields.texts, source, split, fields.fmt)
+    texts = Texts(fields.texts, source_language(model.sources, source), split, fields.fmt)
     check_limits(texts, service.limits, 400, "Invalid request: ")
-    flat = texts.sentences
     cfg = service.defaults
     if fields.alternatives:
         n = fields.alternatives + 1
         cfg = replace(cfg, beam_size=max(cfg.beam_size, n), nbest=n)
+    hyps = await _translated(service, model, Job(cfg, texts.sentences, langs=langs))
+    return JSONResponse(_answer(fields, texts, hyps, detected))
+
+
+async def _translated(service: Service, model: ServedModel, job: Job) -> list[Any]:
+    """The job's n-best lists from `model`, in LibreTranslate's error codes: 400 over the
+    output budget, 500 a failed translation (429/503 as `submit` says)."""
     try:
-        check_output_budget(cfg, flat, model, service.limits.max_output_tokens)
+        check_output_budget(job.cfg, job.sentences, model, service.limits.max_output_tokens)
     except HTTPException as e:
         raise error(400, f"Invalid request: {e.detail}") from None
     count_route(service, model, "libretranslate")
     try:
-        hyps = await submit(model.batcher, Job(cfg, flat, langs=langs)) if flat else []
+        return await submit(model.batcher, job) if job.sentences else []
     except HTTPException:
         raise
     except Exception as e:  # noqa: BLE001 - LibreTranslate's 500 for a failed translation
         raise error(500, f"Cannot translate text: {type(e).__name__}: {e}") from None
-    return JSONResponse(_answer(fields, model, texts, hyps))
 
 
 async def languages(request: Request) -> JSONResponse:
     """`GET /languages`."""
-    return JSONResponse(language_list(service_of(request).models))
+    return JSONResponse(language_list(service_of(request)))
 
 
-def language_list(models: list[ServedModel]) -> list[dict[str, Any]]:
-    """LibreTranslate's `GET /languages`: each source code, its name and its targets."""
-    targets: dict[str, list[str]] = {}
-    for model in models:
-        for src in model.sources:
-            have = targets.setdefault(src, [])
-            have += [t for t in model.targets if t not in have and t != src]
+def language_list(service: Service) -> list[dict[str, Any]]:
+    """LibreTranslate's `GET /languages`: every language a served model reads or writes, by
+    its ISO 639-1 code where one exists, its English name, and the codes it translates into
+    ([] for a language models only write)."""
     return [
-        {"code": code, "name": language_name(code), "targets": tgts}
-        for code, tgts in targets.items()
+        {"code": code, "name": language_name(code), "targets": targets}
+        for code, (_, targets) in service.languages().items()
     ]
+
+
+async def detect(request: Request) -> JSONResponse:
+    """LibreTranslate's `POST /detect`: `q` (a text, or a list: detected together) ->
+    `[{"confidence": 0..100, "language": code}, ...]`, best first, among the served
+    languages; with none detected, the first with confidence 0 (as LibreTranslate)."""
+    service = service_of(request)
+    limits = service.limits
+    body, _ = await read_body(request, limits.max_body)
+    check_key(body, request, service)
+    q = body.get("q")
+    if isinstance(q, list) and all(isinstance(t, str) for t in q):
+        q = "\n".join(q)
+    if q is not None and not isinstance(q, str):
+        raise error(400, "Invalid request: q must be a string or a list of strings")
+    if not q or not q.strip():
+        raise error(400, "Invalid request: missing q parameter")
+    if len(q) > limits.max_sentences * limits.max_chars:
+        raise error(
+            400,
+            f"Invalid request: {len(q)} characters, the limit is "
+            f"{limits.max_sentences * limits.max_chars} (serve.py --max-sentences times "
+            "--max-chars); send less text",
+        )
+    codes = list(service.languages())
+    if not codes:
+        raise error(400, "Invalid request: the served models name no languages to detect")
+    found = await asyncio.to_thread(detect_languages, q, codes)
+    shown = [{"confidence": c, "language": code} for code, c in found if c > 0]
+    return JSONResponse(shown or [{"confidence": 0.0, "language": codes[0]}])
+
+
+async def frontend_settings(request: Request) -> JSONResponse:
+    """LibreTranslate's `GET /frontend/settings`, which its page and apps read first."""
+    service = service_of(request)
+    langs = service.languages()
+    # The page's first target: the first language's first target, else the second language.
+    codes = list(langs)
+    targets = [t for _, (_, ts) in langs.items() for t in ts]
+    target = targets[0] if targets else codes[min(1, len(codes) - 1)] if codes else ""
+    return JSONResponse(
+        {
+            "charLimit": service.limits.max_chars,
+            "frontendTimeout": FRONTEND_TIMEOUT_MS,
+            "apiKeys": service.keys is not None,
+            "keyRequired": service.keys is not None,
+            "suggestions": False,
+            "filesTranslation": True,
+            "supportedFilesFormat": list(FORMATS),
+            "language": {
+                "source": {"code": "auto", "name": "Auto Detect"},
+                "target": {"code": target, "name": language_name(target)},
+            },
+        }
+    )
+
+
+async def translate_file(request: Request) -> JSONResponse:
+    """LibreTranslate's `POST /translate_file`: a multipart form with `file`, `source` (or
+    `auto`), `target`; answers `{"translatedFileUrl": ...}`, where `GET /download_file`
+    serves the translation (`server.documents`). Each paragraph (a .txt line, an HTML text
+    node, a .docx paragraph) is split into sentences; --max-chars bounds a paragraph, and
+    --max-sentences times --max-chars the file's text."""
+    service = service_of(request)
+    form, filename, data = await _read_file_form(request)
+    check_key(form, request, service)
+    source, target = _language_fields(form)
+    try:
+        parsed = await asyncio.to_thread(parse_file, filename, data)
+    except FileError as e:
+        raise error(400, f"Invalid request: {e}") from None
+    detected = await _detected(parsed.texts, parsed.fmt, source, service)
+    source = source if detected is None else detected["language"]
+    routed = _route(source, target, service)
+    translated = parsed.texts  # already in the target language: as it came
+    if routed is not None:
+        model, langs = routed
+        texts = Texts(parsed.texts, source_language(model.sources, source), True, parsed.fmt)
+        _check_file(texts, parsed, service)
+        hyps = await _translated(
+            service, model, Job(service.defaults, texts.sentences, langs=langs)
+        )
+        translated = texts.render([nbest[0][0] for nbest in hyps])
+    try:
+        written = await asyncio.to_thread(parsed.write, translated)
+    except Exception as e:  # noqa: BLE001 - a document python-docx reads but cannot write
+        raise error(500, f"Cannot write the translated file: {type(e).__name__}: {e}") from None
+    name = service.files.put(filename, written)
+    return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", name=name))})
+
+
+async def download_file(request: Request) -> Response:
+    """`GET /download_file/{name}`: a translated file (the newest ones are kept, in memory)."""
+    stored = service_of(request).files.get(request.path_params["name"])
+    if stored is None:
+        raise error(
+            404,
+            "no such translated file (the server keeps the newest ones only, until it "
+            "stops); translate the file again",
+        )
+    disposition = f'attachment; filename="{stored.filename}"'
+    return Response(
+        stored.data, media_type=stored.media_type, headers={"Content-Disposition": disposition}
+    )
+
+
+async def _read_file_form(request: Request) -> tuple[dict[str, Any], str, bytes]:
+    """`/translate_file`'s multipart form: (its text fields, the file's name, its bytes)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "multipart/form-data":
+        raise error(
+            400,
+            "Invalid request: send the file as multipart/form-data (fields file, source, target)",
+        )
+    data = await read_bytes(request, MAX_FILE_BYTES)
+
+    async def replay() -> dict[str, Any]:
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    fields: dict[str, Any] = {}
+    upload: tuple[str, bytes] | None = None
+    try:
+        async with Request(request.scope, replay).form(max_files=1, max_fields=16) as parsed:
+            for key, value in parsed.multi_items():
+                if isinstance(value, str):
+                    fields.setdefault(key, value)
+                elif key == "file" and upload is None:
+                    upload = (value.filename or "", await value.read())
+    except HTTPException as e:
+        raise error(400, f"Invalid request: the form cannot be read ({e.detail})") from None
+    except Exception as e:  # noqa: BLE001 - python-multipart's own errors
+        raise error(400, f"Invalid request: the form cannot be read ({e})") from None
+    if upload is None:
+        raise error(400, "Invalid request: missing file parameter")
+    if not upload[0]:
+        raise error(400, "Invalid request: the file has no name; send it with its file name")
+    return fields, upload[0], upload[1]
+
+
+def _check_file(texts: Texts, parsed: Parsed, service: Service) -> None:
+    """A file's paragraphs within --max-chars each, its text within --max-sentences times
+    --max-chars (what one /translate request may carry)."""
+    limits = service.limits
+    if texts.longest > limits.max_chars:
+        raise error(
+            400,
+            f"Invalid request: a paragraph of {texts.longest} characters, the limit is "
+            f"{limits.max_chars} (serve.py --max-chars); split it",
+        )
+    size, most = sum(len(s) for s in texts.sentences), limits.max_sentences * limits.max_chars
+    if size > most:
+        raise error(
+            400,
+            f"Invalid request: the file has {size} characters of text, the limit is {most} "
+            "(serve.py --max-sentences times --max-chars); send a shorter file",
+        )
 
 
 def _fields(body: dict[str, Any], form: bool, max_beam: int) -> Fields:
@@ -142,19 +317,25 @@ def _fields(body: dict[str, Any], form: bool, max_beam: int) -> Fields:
             raise error(400, "Invalid request: q must be a string or a list of strings")
     if not q:
         raise error(400, "Invalid request: missing q parameter")
-    names = {"source": body.get("source"), "target": body.get("target")}
-    for name, value in names.items():
-        if not value:
-            raise error(400, f"Invalid request: missing {name} parameter")
-        if not isinstance(value, str):
-            raise error(400, f"Invalid request: {name} must be a language code (a string)")
+    source, target = _language_fields(body)
     fmt = body.get("format")
     fmt = "text" if fmt is None or fmt == "" else fmt
     if fmt not in ("text", "html"):
         raise error(400, f"{fmt} format is not supported; use text or html")
     alternatives = _alternatives(body.get("alternatives"), form, max_beam)
     texts: list[str] = q if batch else [q]
-    return Fields(texts, batch, names["source"], names["target"], fmt, alternatives)
+    return Fields(texts, batch, source, target, fmt, alternatives)
+
+
+def _language_fields(body: dict[str, Any]) -> tuple[str, str]:
+    """`source` and `target`: present, and strings."""
+    names = {"source": body.get("source"), "target": body.get("target")}
+    for name, value in names.items():
+        if not value:
+            raise error(400, f"Invalid request: missing {name} parameter")
+        if not isinstance(value, str):
+            raise error(400, f"Invalid request: {name} must be a language code (a string)")
+    return names["source"], names["target"]
 
 
 def _alternatives(value: Any, form: bool, max_beam: int) -> int:
@@ -173,27 +354,47 @@ def _alternatives(value: Any, form: bool, max_beam: int) -> int:
     return value
 
 
-def _route(fields: Fields, service: Service) -> tuple[ServedModel, tuple[str | None, str | None]]:
-    """The model and pair for the request; `auto` is the source of a model with one."""
-    auto = fields.source == "auto"
+def _route(
+    source: str, target: str, service: Service
+) -> tuple[ServedModel, tuple[str | None, str | None]] | None:
+    """The model and pair for a request; None when no model translates the pair and the
+    source is the target, a served language (the text needs no translation)."""
     try:
-        model, langs = service.route(None, None if auto else fields.source, fields.target)
+        return service.route(None, source, target)
     except RoutingError as e:
+        every = [code for _, (code, _) in service.languages().items()]
+        if same_language(source, target) and any(same_language(source, c) for c in every):
+            return None
         raise error(400, f"Invalid request: {e}") from None
-    if auto and len(model.sources) != 1:
-        raise error(
-            400,
-            "Invalid request: source 'auto' needs language detection, which this server "
-            "does not do; name the source language",
-        )
-    return model, langs
+
+
+async def _detected(
+    texts: list[str], fmt: str, source: str, service: Service
+) -> dict[str, Any] | None:
+    """For `source: auto`, LibreTranslate's `detectedLanguage` of the texts (detected
+    together, among the served languages); None for a named source."""
+    if source != "auto":
+        return None
+    sample = "\n".join(" ".join(Document(t).segments) if fmt == "html" else t for t in texts)
+    codes = list(service.languages())
+    found = await asyncio.to_thread(detect_languages, sample, codes) if codes else []
+    if found:
+        return {"confidence": found[0][1], "language": found[0][0]}
+    sources = {code for m in service.models for code in m.sources}
+    if len(sources) == 1:  # nothing to choose from: the one language the models read
+        return {"confidence": 0.0, "language": codes[0]}
+    raise error(
+        400,
+        "Invalid request: source 'auto': the language identifier knows none of the served "
+        f"languages ({', '.join(codes) or 'none named'}); name the source language",
+    )
 
 
 def _answer(
     fields: Fields,
-    model: ServedModel,
     texts: Texts,
     hyps: list[list[tuple[str, float]]],
+    detected: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """LibreTranslate's answer: each text's translation (its sentences' best put back
     together), its alternatives when asked for, the source `auto` stood for."""
@@ -208,8 +409,7 @@ def _answer(
     answer: dict[str, Any] = {"translatedText": results if batch else results[0]}
     if fields.alternatives:
         answer["alternatives"] = alts if batch else alts[0]
-    if fields.source == "auto":
-        detected = {"confidence": 100.0, "language": model.sources[0]}
+    if detected is not None:
         answer["detectedLanguage"] = [detected] * len(fields.texts) if batch else detected
     return answer
 
@@ -222,7 +422,10 @@ def _alternative_texts(
     if not chunk:
         return []
     count = min(len(nbest) for nbest in chunk) - 1
-    return [
+    found = [
         texts.render_one(i, [nbest[k][0] for nbest in chunk])
         for k in range(1, 1 + min(count, alternatives))
     ]
+    # as LibreTranslate: each alternative once, none equal to the best or empty
+    seen = {texts.render_one(i, [nbest[0][0] for nbest in chunk]), ""}
+    return [t for t in found if not (t in seen or seen.add(t))]

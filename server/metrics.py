@@ -2,8 +2,9 @@
 
 Names (all with the prefix `attnmt_`):
 - `http_requests_total{route, method, status}` and `http_request_duration_seconds{route}`
-  (histogram), every request; `route` is the route's path, or `other` for unknown paths (so
-  that random paths cannot grow the label set);
+  (histogram), every request; `route` is the route's path (a route with a parameter: its
+  template, `/download_file/{name}`), or `other` for unknown paths (so that random paths
+  cannot grow the label set);
 - `translate_requests_total{model, api}`: translation requests routed to a model (`api`:
   `attnmt` or `libretranslate`);
 - `batch_sentences{model}` (histogram): sentences per model call; `batch_duration_seconds{model}`;
@@ -110,6 +111,8 @@ class Middleware:
 
     def __init__(self, app, metrics: Metrics, routes: set[str]) -> None:
         self.app, self.metrics, self.routes = app, metrics, routes
+        # A route with a parameter (`/download_file/{name}`) is labelled by its template.
+        self.templates = {r.split("{")[0]: r for r in routes if "{" in r}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -119,6 +122,9 @@ class Middleware:
         route = (
             path if path in self.routes else "/static" if path.startswith("/static/") else "other"
         )
+        for prefix, template in self.templates.items():
+            if route == "other" and path.startswith(prefix) and "/" not in path[len(prefix) :]:
+                route = template
         began = time.perf_counter()
         method = scope.get("method", "")
         method = method if method in METHODS else "other"

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from attnmt.data.languages import describe_codes, is_multilingual, listed_codes, resolve
 from attnmt.decoding.config import SearchConfig
 from attnmt.server.batcher import Batcher
+from attnmt.server.documents import FileStore
 from attnmt.server.keys import KeyRing
-from attnmt.server.languages import is_multilingual
 from attnmt.server.metrics import Metrics
 
 
@@ -71,13 +72,17 @@ class Service:
     answered: int = 0  # ... answered (with a result or an error)
     cancelled: int = 0  # ... dropped unanswered (shutdown timeout, client gone)
     metrics: Metrics | None = None  # set by `create_app`
+    files: FileStore = field(default_factory=FileStore)  # translated files to download
+    _languages: dict[str, tuple[str, list[str]]] | None = field(default=None, repr=False)
 
     def route(
         self, model_id: str | None, src: str | None, tgt: str | None
     ) -> tuple[ServedModel, tuple[str | None, str | None]]:
-        """The model for a request and the pair to hand it: by id when given (its languages
-        must then fit), else the first model (in `-c` order) that has `src` among its sources
-        and `tgt` among its targets, else the default model when no language is named."""
+        """The model for a request and the pair to hand it, in the model's own codes (`src`
+        and `tgt` may be any form of a code, `data.languages.resolve`): by id when given (its
+        languages must then fit), else the first model (in `-c` order) that has `src` among
+        its sources and `tgt` among its targets, else the default model when no language is
+        named."""
         served = "; served: " + ", ".join(m.describe() for m in self.models)
         if model_id is not None:
             model = next((m for m in self.models if m.id == model_id), None)
@@ -87,27 +92,63 @@ class Service:
                 (src, model.sources, "source"),
                 (tgt, model.targets, "target"),
             ):
-                if code is not None and codes and code not in codes:
+                if code is not None and codes and resolve(code, codes) is None:
                     raise RoutingError(
-                        f"model {model_id!r} has no {side} language {code!r}{served}"
+                        f"model {model_id!r} has no {side} language {code!r}; it has "
+                        f"{describe_codes(codes)}{served}"
                     )
         elif src is None and tgt is None:
             model = self.models[0]
         else:
             found = [
                 m for m in self.models
-                if (src is None or src in m.sources) and (tgt is None or tgt in m.targets)
+                if (src is None or resolve(src, m.sources) is not None)
+                and (tgt is None or resolve(tgt, m.targets) is not None)
             ]  # fmt: skip
             if not found:
-                raise RoutingError(f"no model translates {src or '?'} -> {tgt or '?'}{served}")
+                raise RoutingError(
+                    f"no model translates {src or '?'} -> {tgt or '?'}{self._unknown(src, tgt)}"
+                    f"{served}"
+                )
             model = found[0]
         if not model.multilingual:
             return model, (None, None)
-        src = src if src is not None or len(model.sources) != 1 else model.sources[0]
-        tgt = tgt if tgt is not None or len(model.targets) != 1 else model.targets[0]
+        src = model.sources[0] if src is None and len(model.sources) == 1 else src
+        tgt = model.targets[0] if tgt is None and len(model.targets) == 1 else tgt
         if src is None or tgt is None:
             raise RoutingError(
                 f"model {model.id!r} is multilingual; name both the source and the target "
                 f"language{served}"
             )
-        return model, (src, tgt)
+        return model, (resolve(src, model.sources) or src, resolve(tgt, model.targets) or tgt)
+
+    def languages(self) -> dict[str, tuple[str, list[str]]]:
+        """Every language a served model reads or writes, by its listed code (ISO 639-1 where
+        one exists, `data.languages.listed_codes`): listed code -> (a model's own code for it,
+        the listed codes it translates into), sources first, in `-c` order."""
+        if self._languages is not None:  # the models do not change: made once
+            return self._languages
+        codes = [c for m in self.models for c in [*m.sources, *m.targets]]
+        listed = listed_codes(list(dict.fromkeys(codes)))
+        found: dict[str, tuple[str, list[str]]] = {}
+        for model in self.models:
+            for src in model.sources:
+                _, targets = found.setdefault(listed[src], (src, []))
+                targets += [
+                    listed[t] for t in model.targets
+                    if listed[t] not in targets and listed[t] != listed[src]
+                ]  # fmt: skip
+        for model in self.models:
+            for tgt in model.targets:
+                found.setdefault(listed[tgt], (tgt, []))
+        self._languages = found
+        return found
+
+    def _unknown(self, *codes: str | None) -> str:
+        """" (...)" naming the codes no served model has, with the served languages."""
+        every = [c for m in self.models for c in [*m.sources, *m.targets]]
+        unknown = [c for c in codes if c is not None and resolve(c, every) is None]
+        if not unknown:
+            return ""
+        names = " and ".join(repr(c) for c in dict.fromkeys(unknown))
+        return f" ({names}: no served model has it; languages: {', '.join(self.languages())})"

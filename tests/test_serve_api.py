@@ -28,7 +28,7 @@ from attnmt.decoding.config import SearchConfig
 from attnmt.server.batcher import Batcher
 from attnmt.server.html import Document
 from attnmt.server.keys import KeyRejected, KeyRing
-from attnmt.server.languages import is_multilingual, language_name, model_languages
+from attnmt.data.languages import is_multilingual, language_name, model_languages
 from attnmt.server.libretranslate import language_list
 from attnmt.server.service import Limits, RoutingError, ServedModel, Service
 from tests.conftest import make_tiny_model
@@ -173,8 +173,10 @@ def test_libretranslate_json_lists_lines_alternatives_and_auto(
     assert status == 200 and answer["alternatives"] == texts3[1:], answer
     assert answer["translatedText"] == texts3[0]
 
-    status, answer = post(server, "/translate", {"q": SOURCES[0], "source": "auto", "target": "de"})
-    assert status == 200 and answer["detectedLanguage"] == {"confidence": 100.0, "language": "en"}
+    english = PAIRS[0][1]  # auto: detected among the served languages (de, en)
+    status, answer = post(server, "/translate", {"q": english, "source": "auto", "target": "de"})
+    assert status == 200 and answer["detectedLanguage"]["language"] == "en", answer
+    assert answer["translatedText"] == translate_py(runs["en-de"], [english])[0]
 
 
 def test_libretranslate_html_keeps_the_markup(server: str, runs: dict[str, Path]) -> None:
@@ -425,16 +427,18 @@ def test_a_multilingual_model_is_handed_the_requested_pair_a_bilingual_one_none(
     assert service.route("multi", "eng_Latn", "fra_Latn")[1] == ("eng_Latn", "fra_Latn")
     with pytest.raises(RoutingError, match="multilingual"):
         service.route("multi", None, None)
-    with pytest.raises(RoutingError, match="no model translates en -> fr"):
-        service.route(None, "en", "fr")
+    # any form of a code reaches the model's own: en is eng_Latn, fr-FR fra_Latn
+    assert service.route(None, "en", "fr-FR") == (multi, ("eng_Latn", "fra_Latn"))
+    with pytest.raises(RoutingError, match="no model translates en -> cs .'cs': no served"):
+        service.route(None, "en", "cs")
     from attnmt.server.batcher import Job
 
     for model, langs in [(multi, ("deu_Latn", "fra_Latn")), (bilingual, (None, None))]:
         model.batcher.submit(Job(SearchConfig(), ["x"], langs=langs)).result(timeout=10)
         model.batcher.close()
     assert calls == [("deu_Latn", "fra_Latn"), (None, None)]
-    codes = {lang["code"]: lang["targets"] for lang in language_list(service.models)}
-    assert codes == {"en": ["de"], "eng_Latn": ["fra_Latn"], "deu_Latn": ["fra_Latn", "eng_Latn"]}
+    codes = {lang["code"]: lang["targets"] for lang in language_list(service)}
+    assert codes == {"en": ["de", "fr"], "de": ["fr", "en"], "fr": []}  # ISO 639-1, merged
 
 
 def test_html_documents_keep_their_markup_and_translate_text_nodes() -> None:
