@@ -1,7 +1,7 @@
 """The `serve.py` command line: its flags, loading the model once, and running the server.
 
 `-c` may be given several times (`-c RUN_A -c ID=RUN_B`): each model gets its own batching
-queue and model thread and is routed to by its languages (`server.languages`) or its id (the
+queue and model thread and is routed to by its languages (`data.languages`) or its id (the
 run dir's name unless `ID=` names it); the first is the default model. The search flags
 (`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in translate.py, and set the
 server's default options, which each request may override (`server.options`); `--batch-size`
@@ -176,7 +176,7 @@ def model_info(path: str) -> dict[str, Any]:
     """What `GET /info` reports: languages, sizes, vocabulary, step, and the run's BLEU from
     its results.json when there is one; `languages` holds (sources, targets) for routing."""
     from attnmt.checkpoint import load_checkpoint, resolve_checkpoint
-    from attnmt.server.languages import model_languages
+    from attnmt.data.languages import model_languages
 
     file = resolve_checkpoint(path)
     ckpt = load_checkpoint(file)  # read again by load_engine: once, at startup
@@ -282,9 +282,9 @@ def serve_model(
     import torch
 
     from attnmt.common import runtime
+    from attnmt.data.languages import is_multilingual
     from attnmt.decoding.translator import Translator
     from attnmt.server.batcher import Batcher
-    from attnmt.server.languages import is_multilingual
     from attnmt.server.service import ServedModel
 
     model, tokenizer, device = load_model(args, [path])
