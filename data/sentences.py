@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import langcodes
 import sentencex
+
+from attnmt.data.languages import parse
 
 FALLBACK = "en"  # the rules used for a language nobody named
 
@@ -43,15 +44,12 @@ class Split(NamedTuple):
 
 
 def splitting_language(code: str | None) -> tuple[str, str | None]:
-    """(the ISO 639-1 code sentencex splits `code`'s text by, a warning or None). Accepts
-    ISO 639-1/639-3 codes, BCP-47 tags and NLLB-style codes (`eng_Latn`); a missing or
+    """(the ISO 639-1 code sentencex splits `code`'s text by, a warning or None). Any code
+    `languages.parse` reads (`de`, `deu`, `de-AT`, `deu_Latn`, `>>deu<<`); a missing or
     unknown code gives English rules and a warning that says so."""
     if code:
-        try:
-            lang = langcodes.Language.get(code.replace("_", "-"))
-        except (ValueError, langcodes.tag_parser.LanguageTagError):
-            lang = None
-        if lang is not None and lang.is_valid() and lang.language:
+        lang = parse(code)
+        if lang is not None:
             return lang.language, None
         reason = f"the language code {code!r} is unknown"
     else:
