@@ -1,0 +1,193 @@
+"""Terminology: glossaries (decoding/glossary.py), lexically constrained search
+(decoding/constraints.py, decoding/search.py) through `Translator` and `translate.py --glossary`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding import constraints as lexical
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.ensemble import Ensemble
+from attnmt.decoding.glossary import Glossary, GlossaryError, uses_term
+from attnmt.decoding.translator import Translator
+from attnmt.engine import Engine
+from tests.helpers_decoding import PAIRS
+from tests.test_translate_cli import run_cli
+
+SOURCES = [src for _, src in PAIRS[:8]]  # English sides: "A man rides a bike.", ...
+TERMS = {"man": "Hund", "dog": "Kaffee", "soccer": "soccer", "the park": "Sofa"}
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- glossary (text)
+
+
+def test_glossary_file_is_read_and_matched_on_whole_words_any_case(tmp_path: Path) -> None:
+    path = write(tmp_path / "g.tsv", "man\tHerr\n\nyoung boy\tkleiner Junge\nboy\tJunge\n")
+    glossary = Glossary.from_file(str(path))
+    found = glossary.find("A YOUNG   boy and a Man; the manager and two boys.")
+    assert [(t.source, t.target) for t in found] == [
+        ("young boy", "kleiner Junge"),  # longest first: "boy" alone is not matched there
+        ("man", "Herr"),  # once, though "manager" and "boys" are no whole-word matches
+    ]
+    assert found[1].origin == f"{path}:1"
+    assert glossary.find("A boy.")[0].target == "Junge"
+    assert glossary.find("Nothing here.") == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("man Herr\n", "g.tsv:1: no tab"),
+        ("man\tHerr\tx\n", "g.tsv:1: 2 tabs"),
+        ("man\tHerr\n\t Junge\n", "g.tsv:2: the source term is empty"),
+        ("man\t \n", "g.tsv:1: the target term is empty"),
+        ("man\tHerr\nMan\tMann\n", "g.tsv:2: 'Man' is already mapped to 'Herr' at"),
+    ],
+)
+def test_bad_glossary_lines_name_the_file_and_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(GlossaryError, match=re.escape(message)):
+        Glossary.from_file(str(write(tmp_path / "g.tsv", text)))
+
+
+def test_a_repeated_entry_is_one_term_and_a_mapping_works_like_a_file() -> None:
+    glossary = Glossary.from_mapping({"dog": "Hund", "DOG": "Hund"})
+    assert len(glossary) == 1
+    with pytest.raises(GlossaryError, match="glossary entry 'cat': the target term is empty"):
+        Glossary.from_mapping({"cat": ""})
+
+
+def test_uses_term_is_exact_case_on_whole_words() -> None:
+    assert uses_term("Ein Herr, der läuft.", "Herr")
+    assert not uses_term("Ein herr läuft.", "Herr")
+    assert not uses_term("Die Herren laufen.", "Herr")
+    assert uses_term("Ein kleiner Junge.", "kleiner Junge")
+
+
+# ------------------------------------------------------------------------ token ids and state
+
+
+def test_variants_include_a_term_split_differently_in_context(tokenizer: Tokenizer) -> None:
+    """In the tiny tokenizer "(Hund)" splits "Hund" into pieces without a word boundary."""
+    alone = tokenizer.encode_tgt(["Hund"])[0]
+    in_parens = tokenizer.encode_tgt(["(Hund)"])[0]
+    variants = lexical.term_variants(tokenizer, "Hund")
+    assert variants[0] == alone
+    assert len(variants) > 1 and any(v != alone and _is_within(v, in_parens) for v in variants)
+    for variant in variants:
+        assert tokenizer.decode_tgt([variant])[0].strip() == "Hund"
+
+
+def _is_within(part: list[int], whole: list[int]) -> bool:
+    return any(whole[i : i + len(part)] == part for i in range(len(whole)))
+
+
+def _toy_set(terms: list[list[list[list[int]]]]) -> lexical.ConstraintSet:
+    glued = torch.zeros(20, dtype=torch.bool)
+    glued[9] = True  # token 9 continues a word
+    opener = ~glued
+    return lexical.constraint_set(terms, glued, opener, torch.device("cpu"))
+
+
+def test_state_advances_unwinds_and_counts_banks() -> None:
+    cons = _toy_set([[[[5, 6, 7]], [[8]]]])  # two terms: 5 6 7, and 8
+    state = lexical.initial_state(cons)  # (1, W)
+    last = torch.tensor([2])
+    trail = []
+    for token in (5, 6, 4, 5, 6, 7, 8):
+        new, bank = lexical.advance(cons, state, torch.tensor([[token]]), last)
+        state, last = new[:, 0], torch.tensor([token])
+        trail.append(int(bank[0, 0]))
+    assert trail == [1, 2, 0, 1, 2, 3, 4]  # "4" unwinds the partial match of 5 6 7
+    assert not lexical.unmet(cons, state).any()
+
+
+def test_allocation_fills_the_beam_round_robin_over_banks() -> None:
+    scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, float("-inf")]])
+    banks = torch.tensor([[0, 0, 1, 2, 2, 2]])
+    order = lexical.allocate(scores, banks, 6, 3)
+    # the best of bank 2, 1, 0; then the second best of bank 2, 0; the -inf one last
+    assert order.tolist() == [[3, 2, 0, 4, 1, 5]]
+
+
+# ------------------------------------------------------------------------------ search
+
+
+def _glossary() -> Glossary:
+    return Glossary.from_mapping(TERMS)
+
+
+def _expected(sentence: str) -> list[str]:
+    return [term.target for term in _glossary().find(sentence)]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_every_found_term_is_in_the_translation(model, tokenizer: Tokenizer, beam: int) -> None:  # noqa: ANN001
+    translator = Translator(Engine(model), tokenizer, SearchConfig(beam_size=beam, nbest=beam))
+    plain = translator.translate_nbest(SOURCES)
+    constrained = translator.translate_nbest(SOURCES, glossary=_glossary())
+    for sentence, before, after in zip(SOURCES, plain, constrained, strict=True):
+        targets = _expected(sentence)
+        if not targets:  # no term: searched as without a glossary
+            assert [hyp.text for hyp in after] == [hyp.text for hyp in before]
+            continue
+        assert len(after) == beam
+        best = after[0].text  # (the untrained model never ends: the budget ends every output)
+        assert all(uses_term(best, target) for target in targets), (sentence, best)
+    assert sum(bool(_expected(s)) for s in SOURCES) >= 4
+
+
+def test_ensembles_and_int8_use_the_terms(model, tokenizer: Tokenizer) -> None:  # noqa: ANN001
+    for searched in (Ensemble([Engine(model), Engine(model)]), Engine(model, "int8")):
+        translator = Translator(searched, tokenizer, SearchConfig(beam_size=3))
+        found = translator.translate(SOURCES[:5], glossary=_glossary())
+        for sentence, output in zip(SOURCES[:5], found, strict=True):
+            assert all(uses_term(output, target) for target in _expected(sentence)), output
+
+
+def test_a_term_longer_than_the_output_budget_is_named(model, tokenizer: Tokenizer) -> None:  # noqa: ANN001
+    cfg = SearchConfig(beam_size=2, max_len_a=0, max_len_b=2)
+    translator = Translator(Engine(model), tokenizer, cfg)
+    with pytest.raises(GlossaryError, match="glossary entry 'dog': the target term 'Kaffee'"):
+        translator.translate(["A dog runs."], glossary=_glossary())
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def test_translate_py_glossary(tmp_path: Path, checkpoint: Path) -> None:
+    lines = "".join(f"{s}\t{t}\n" for s, t in TERMS.items())
+    glossary = write(tmp_path / "terms.tsv", lines)
+    inputs = write(tmp_path / "in.txt", "".join(s + "\n" for s in SOURCES[:4]))
+    done = run_cli("-c", str(checkpoint), "--input", str(inputs), "--glossary", str(glossary))
+    assert done.returncode == 0, done.stderr.decode()
+    outputs = done.stdout.decode().splitlines()
+    assert len(outputs) == 4
+    for sentence, output in zip(SOURCES[:4], outputs, strict=True):
+        assert all(uses_term(output, target) for target in _expected(sentence)), output
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "message"),
+    [
+        ("man Hund\n", [], "terms.tsv:1: no tab"),
+        ("man\tHund\n", ["--sampling"], "--glossary constrains beam or greedy search"),
+    ],
+)
+def test_translate_py_bad_glossary_is_one_line(
+    tmp_path: Path, checkpoint: Path, text: str, extra: list[str], message: str
+) -> None:
+    glossary = write(tmp_path / "terms.tsv", text)
+    done = run_cli("-c", str(checkpoint), "--glossary", str(glossary), *extra, "A man.")
+    err = done.stderr.decode()
+    assert done.returncode != 0 and message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
