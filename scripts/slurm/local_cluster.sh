@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# A one-node SLURM cluster on this machine, for testing the job script (scripts/slurm/train.sbatch)
-# the way users submit it: munged, slurmctld and slurmd on 127.0.0.1, one node with this
+# A SLURM cluster on this machine, for testing the job script (scripts/slurm/train.sbatch) the
+# way users submit it: munged, slurmctld and one slurmd per node on 127.0.0.1, each node with this
 # machine's cores, two partitions (jobs in "urgent" preempt those in "debug"), no accounting, no
-# cgroups (proctrack/linuxproc, task/none).
+# cgroups (proctrack/linuxproc, task/none). NODES=N (default 1) starts N nodes, node1..nodeN:
+# N slurmd on this one host, each on a port of its own (Debian's SLURM is built with
+# --enable-multiple-slurmd: `scontrol show config` says MULTIPLE_SLURMD = Yes). One node is
+# named after this host.
 # Every file it writes (config, munge key and socket, state, logs, pid files) lives in DIR, so it
 # leaves any system SLURM alone; clients find it through SLURM_CONF=DIR/slurm.conf.
 #
 #   scripts/slurm/local_cluster.sh install        apt-get install slurmctld slurmd slurm-client
 #                                                 munge, if missing (root and apt-get needed)
-#   scripts/slurm/local_cluster.sh start [DIR]    install if missing, start, wait for the node
+#   scripts/slurm/local_cluster.sh start [DIR]    install if missing, start, wait for the nodes
 #                                                 to be idle; prints `export SLURM_CONF=...`
+#   NODES=2 scripts/slurm/local_cluster.sh start [DIR]   the same with two nodes
 #   scripts/slurm/local_cluster.sh stop [DIR]     cancel its jobs, stop the daemons it started
 #
 # DIR defaults to $SLURM_LOCAL_DIR, else /tmp/attnmt-slurm. The ports are free ones picked at
@@ -21,6 +25,7 @@ set -euo pipefail
 PACKAGES=(slurmctld slurmd slurm-client munge)
 cmd=${1:-}
 DIR=${2:-${SLURM_LOCAL_DIR:-/tmp/attnmt-slurm}}
+NODES=${NODES:-1}
 
 cannot() { echo "local_cluster.sh: $*" >&2; exit 77; }
 fail() { echo "local_cluster.sh: $*" >&2; exit 1; }
@@ -69,12 +74,26 @@ start() {
   fi
   mkdir -p "$DIR"/{munge,state,spool}
   chmod 700 "$DIR/munge"
-  local host cpus ctld_port slurmd_port
+  [[ $NODES =~ ^[1-9][0-9]*$ ]] || fail "NODES=$NODES: give a number of nodes, 1 or more"
+  local host cpus ctld_port slurmd_port names=() lines="" port i
   host=$(hostname -s)
   cpus=$(nproc)
   ctld_port=$(free_port)
   slurmd_port=$(free_port)
   while [ "$slurmd_port" = "$ctld_port" ]; do slurmd_port=$(free_port); done
+  if [ "$NODES" = 1 ]; then
+    names=("$host")
+    lines="NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN"
+  else  # several slurmd on this host: one port each, all on NodeHostname=this host
+    for i in $(seq "$NODES"); do
+      port=$(free_port)
+      while [ "$port" = "$ctld_port" ]; do port=$(free_port); done
+      names+=("node$i")
+      lines+="NodeName=node$i NodeHostname=$host NodeAddr=127.0.0.1 Port=$port CPUs=$cpus"
+      lines+=$' State=UNKNOWN\n'
+    done
+  fi
+  mkdir -p "${names[@]/#/$DIR/spool/}"
 
   # munge: a key of our own, a socket of our own.
   [ -f "$DIR/munge/munge.key" ] || head -c 1024 /dev/urandom >"$DIR/munge/munge.key"
@@ -84,7 +103,7 @@ start() {
     --seed-file="$DIR/munge/munged.seed"
 
   cat >"$DIR/slurm.conf" <<EOF
-# Written by scripts/slurm/local_cluster.sh: a one-node test cluster.
+# Written by scripts/slurm/local_cluster.sh: a test cluster of $NODES node(s) on this host.
 ClusterName=attnmt-local
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
@@ -94,11 +113,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$DIR/munge/munge.sock
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
+SlurmdPidFile=$DIR/slurmd.%n.pid
 SlurmctldLogFile=$DIR/slurmctld.log
-SlurmdLogFile=$DIR/slurmd.log
+SlurmdLogFile=$DIR/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SwitchType=switch/none
@@ -110,7 +129,7 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 ReturnToService=2
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
+$(printf '%b' "$lines")
 # Jobs in "urgent" preempt jobs in "debug": SIGTERM to their steps, killed and requeued 60 s later.
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
@@ -119,18 +138,19 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptM
 EOF
   export SLURM_CONF="$DIR/slurm.conf"
   slurmctld -f "$SLURM_CONF"
-  slurmd -f "$SLURM_CONF" -N "$host"
+  for i in "${names[@]}"; do slurmd -f "$SLURM_CONF" -N "$i"; done
 
-  local state=""
+  local state="" idle
+  idle=$(printf 'idle %.0s' "${names[@]}")
   for _ in $(seq 60); do
-    state=$(sinfo -h -N -p debug -o %t 2>/dev/null || true)
-    [ "$state" = idle ] && break
+    state=$(sinfo -h -N -p debug -o %t 2>/dev/null | tr '\n' ' ' || true)
+    [ "$state" = "$idle" ] && break
     sleep 0.5
   done
-  if [ "$state" != idle ]; then
-    tail -n 5 "$DIR/slurmctld.log" "$DIR/slurmd.log" >&2 || true
+  if [ "$state" != "$idle" ]; then
+    tail -n 5 "$DIR/slurmctld.log" "$DIR"/slurmd.*.log >&2 || true
     stop
-    fail "the node did not become idle in 30 s (sinfo: '${state}'); logs above"
+    fail "the nodes did not become idle in 30 s (sinfo: '${state}'); logs above"
   fi
   echo "export SLURM_CONF=$SLURM_CONF"
 }
@@ -144,7 +164,8 @@ stop() {
       sleep 0.5
     done
   fi
-  stop_pid "$DIR/slurmd.pid" slurmd
+  local file
+  for file in "$DIR"/slurmd.*.pid; do stop_pid "$file" slurmd; done
   stop_pid "$DIR/slurmctld.pid" slurmctld
   stop_pid "$DIR/munge/munged.pid" munged
 }
