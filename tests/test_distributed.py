@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from attnmt.checkpoint import load_checkpoint
-from tests.train_helpers import ROOT, torchrun_cmd
+from tests.train_helpers import ROOT, TOY_ARGS, torchrun_cmd
 
 FAULTS = str(ROOT / "tests" / "scripts" / "train_with_faults.py")
 pytestmark = pytest.mark.slow
@@ -358,3 +358,69 @@ def test_ddp_leaks_its_process_group(tmp_path):
     assert proc.returncode == 0, _tail(proc)
     counts = [int(line.rsplit(" ", 1)[1]) for line in proc.stdout.splitlines() if "gloo" in line]
     assert len(counts) == 2 and min(counts) > 0, proc.stdout
+
+
+def _two_homes(tmp_path: Path, name: str, *overrides: str, shared_cache: bool = True):
+    """Two launchers of one process each as two nodes, each with a HOME of its own, so the
+    default data cache (~/.cache/attnmt) is node-local; `shared_cache`: `data.cache_dir` on
+    storage both see instead. Returns (exit code, output, HOME) per launcher, rank 0's first
+    (the c10d rendezvous picks which launcher that is; only rank 0 logs INFO lines)."""
+    port, run_dir = _free_port(), tmp_path / name
+    launcher = (
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={name}{port}",
+    )
+    cmd = torchrun_cmd(1, run_dir, *overrides, cache=tmp_path / "shared_cache", launcher=launcher)
+    if not shared_cache:
+        cmd = [a for a in cmd if not a.startswith("data.cache_dir=")]
+    nodes = []
+    for i in range(2):
+        home, log = tmp_path / f"{name}_home{i}", tmp_path / f"{name}{i}.log"
+        home.mkdir()
+        nodes.append((_start(cmd, log, {"HOME": str(home), "ATTNMT_CACHE": ""}), log, home))
+    done = [(proc.wait(timeout=300), log.read_text(), home) for proc, log, home in nodes]
+    return sorted(done, key=lambda node: "world size 2" not in node[1])
+
+
+ENCODING = "encoding: 100%"  # the progress line of a split being encoded (not of a cache read)
+
+
+def test_two_nodes_with_the_data_cache_on_shared_storage_encode_the_corpus_once(tmp_path):
+    """The multi-node setup of docs/training.md: `data.cache_dir` on shared storage. Rank 0
+    encodes the corpus, the other node's rank reads its caches and encodes nothing, and no
+    node writes into its own HOME. With the default node-local cache, each node encodes the
+    corpus again (the trap the docs warn about)."""
+    overrides = ("trainer.max_steps=2", "trainer.eval_every=2", *COMMON[2:])
+    nodes = _two_homes(tmp_path, "shared", *overrides)
+    assert [code for code, _, _ in nodes] == [0, 0], "\n".join(out[-2000:] for _, out, _ in nodes)
+    (_, rank0, home0), (_, rank1, home1) = nodes
+    print(
+        "rank 0:", *[x for x in rank0.splitlines() if "encoding" in x or "caching" in x], sep="\n"
+    )
+    print("rank 1:", *[x for x in rank1.splitlines() if "encoding" in x], sep="\n")
+    encoded = list((tmp_path / "shared_cache" / "encoded").glob("*.arrow"))
+    assert rank0.count(ENCODING) == len(encoded) >= 2  # each split once (train, valid)
+    assert ENCODING not in rank1, rank1[-3000:]
+    assert "world size 2" in rank0 and "world size 2" not in rank1  # rank 1 logs warnings only
+    assert not (home0 / ".cache").exists() and not (home1 / ".cache").exists()
+
+    nodes = _two_homes(tmp_path, "local", *overrides, shared_cache=False)
+    assert [code for code, _, _ in nodes] == [0, 0], "\n".join(out[-2000:] for _, out, _ in nodes)
+    for _, out, home in nodes:  # each node encoded everything into its own HOME
+        assert out.count(ENCODING) == len(encoded), out[-3000:]
+        assert len(list((home / ".cache" / "attnmt" / "encoded").glob("*.arrow"))) == len(encoded)
+
+
+def test_data_prepared_once_on_shared_storage_is_encoded_by_no_rank(tmp_path):
+    """The docs' recipe: `scripts/prepare_data.py` once with `data.cache_dir` on shared
+    storage, then the training on two nodes with the same settings: no rank encodes."""
+    prepare = [sys.executable, str(ROOT / "scripts" / "prepare_data.py"), *TOY_ARGS]
+    prepared = _run([*prepare, f"data.cache_dir={tmp_path / 'shared_cache'}"])
+    assert prepared.returncode == 0, _tail(prepared)
+    assert ENCODING in prepared.stdout + prepared.stderr
+    nodes = _two_homes(tmp_path, "run", "trainer.max_steps=2", "trainer.eval_every=2")
+    assert [code for code, _, _ in nodes] == [0, 0], "\n".join(out[-2000:] for _, out, _ in nodes)
+    for _, out, home in nodes:
+        assert "encoding" not in out and not (home / ".cache").exists(), out[-3000:]
