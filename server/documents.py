@@ -1,7 +1,7 @@
 """Files for LibreTranslate's `POST /translate_file`: .txt, .html and .docx read into the texts
 a request translates, written back with the translations, and kept for `GET /download_file`.
 
-A .txt file is one text whose lines are its paragraphs; an .html file is one text in
+A .txt file is one text per line (a paragraph); an .html file is one text in
 `format: html` (its text nodes, `html.Document`); a .docx file (python-docx, in the serve extra)
 is one text per paragraph with text, wherever the paragraph is: the body, tables, text boxes,
 headers and footers. A .docx paragraph's text is that of its runs; its translation goes into
@@ -69,16 +69,35 @@ def parse_file(filename: str, data: bytes) -> Parsed:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise FileError(f"the file is not UTF-8 text ({e}); save it as UTF-8") from None
-        bom = BOM if text.startswith(BOM) else ""
-        text = text[len(bom) :]
-        parsed = Parsed(
-            [text],
-            "html" if suffix == ".html" else "text",
-            lambda out: (bom + out[0]).encode("utf-8"),
-        )
+        parsed = _parse_html(text) if suffix == ".html" else _parse_text(text)
     if not any(t.strip() for t in parsed.texts):
         raise FileError("the file has no text to translate")
     return parsed
+
+
+def _parse_text(text: str) -> Parsed:
+    """A .txt file: each line a text; its line ending, a BOM and blank lines kept as they
+    are."""
+    lines = text.splitlines(keepends=True)
+    bodies = [line.rstrip("\r\n") for line in lines]
+
+    def write(translated: list[str]) -> bytes:
+        out = [
+            tr + line[len(body) :] if body.strip() else line
+            for line, body, tr in zip(lines, bodies, translated, strict=True)
+        ]
+        return "".join(out).encode("utf-8")
+
+    if bodies and bodies[0].startswith(BOM):  # kept outside the text
+        bom, bodies[0] = BOM, bodies[0][1:]
+        lines[0] = lines[0][1:]
+        return Parsed(bodies, "text", lambda translated: bom.encode() + write(translated))
+    return Parsed(bodies, "text", write)
+
+
+def _parse_html(text: str) -> Parsed:
+    """An .html file: one text, its text nodes translated (`format: html`)."""
+    return Parsed([text], "html", lambda translated: translated[0].encode("utf-8"))
 
 
 def _parse_docx(data: bytes) -> Parsed:

@@ -11,6 +11,7 @@ import types
 from dataclasses import fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from attnmt.server.documents import FORMATS
 from attnmt.server.options import INT_RANGE, option_names
 from attnmt.server.service import Limits, ServedModel, Service
 
@@ -81,6 +82,7 @@ def openapi_document(service: Service) -> dict[str, Any]:
         "paths": {
             **_post_paths(ours, lt_json, lt_form, attention_request),
             **_get_paths(),
+            **_libretranslate_paths(),
         },
     }
 
@@ -215,6 +217,7 @@ def _libretranslate_requests(
 
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
+FILE_TYPES = sorted({media.split(";")[0] for media in FORMATS.values()})
 
 
 def _translate_answer() -> dict[str, Any]:
@@ -334,6 +337,122 @@ def _post_paths(
     }
 
 
+def _libretranslate_paths() -> dict[str, Any]:
+    """LibreTranslate's other calls: `/detect`, `/frontend/settings`, `/translate_file`,
+    `/download_file/{name}`."""
+    key = {"type": "string", "description": "needed when the server has --api-keys"}
+    detect = {
+        "type": "object",
+        "required": ["q"],
+        "properties": {
+            "q": {
+                "oneOf": [
+                    {"type": "string", "pattern": "\\S"},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                ],
+                "description": "the text (a list: detected together)",
+            },
+            "api_key": key,
+        },
+    }
+    detections = {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["confidence", "language"],
+            "properties": {
+                "confidence": {"type": "number", "minimum": 0, "maximum": 100},
+                "language": {"type": "string"},
+            },
+        },
+    }
+    upload = {
+        "type": "object",
+        "required": ["file", "source", "target"],
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": ".txt, .html or .docx"},
+            "source": {"type": "string", "description": "source language or auto"},
+            "target": {"type": "string"},
+            "api_key": key,
+        },
+    }
+    named = {"code": {"type": "string"}, "name": {"type": "string"}}
+    settings = {
+        "type": "object",
+        "required": ["charLimit", "supportedFilesFormat", "language"],
+        "properties": {
+            "charLimit": {"type": "integer", "description": "characters per line or paragraph"},
+            "frontendTimeout": {"type": "integer"},
+            "apiKeys": {"type": "boolean"},
+            "keyRequired": {"type": "boolean"},
+            "suggestions": {"type": "boolean"},
+            "filesTranslation": {"type": "boolean"},
+            "supportedFilesFormat": STRINGS,
+            "language": {
+                "type": "object",
+                "properties": {
+                    side: {"type": "object", "properties": named} for side in ("source", "target")
+                },
+            },
+        },
+    }
+    file_url = {
+        "type": "object",
+        "required": ["translatedFileUrl"],
+        "properties": {"translatedFileUrl": {"type": "string"}},
+    }
+    return {
+        "/detect": {
+            "post": {
+                "summary": "LibreTranslate's language detection, among the served languages",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": detect},
+                        "application/x-www-form-urlencoded": {"schema": detect},
+                    },
+                },
+                "responses": {
+                    "200": _json_body(detections, "the languages, best first"),
+                    **_errors(400, 403, 413, 429),
+                },
+            }
+        },
+        "/frontend/settings": _get("LibreTranslate's settings for its page and apps", settings),
+        "/translate_file": {
+            "post": {
+                "summary": "LibreTranslate's file translation (.txt, .html, .docx)",
+                "requestBody": {
+                    "required": True,
+                    "content": {"multipart/form-data": {"schema": upload}},
+                },
+                "responses": {
+                    "200": _json_body(file_url, "where the translated file waits"),
+                    **_errors(400, 403, 413, 429, 500, 503),
+                },
+            }
+        },
+        "/download_file/{name}": {
+            "get": {
+                "summary": "A translated file (the newest are kept, in memory)",
+                "parameters": [
+                    {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": {
+                        "description": "the file",
+                        "content": {
+                            media: {"schema": {"type": "string", "format": "binary"}}
+                            for media in FILE_TYPES
+                        },
+                    },
+                    "404": _json_body(ERROR, "no such file (any more)"),
+                },
+            }
+        },
+    }
+
+
 def _get_paths() -> dict[str, Any]:
     """The `GET` routes: the lists, the facts, the metrics, this document and the page."""
     language = {
@@ -352,7 +471,11 @@ def _get_paths() -> dict[str, Any]:
         },
     }
     return {
-        "/languages": _get("LibreTranslate's language list", {"type": "array", "items": language}),
+        "/languages": _get(
+            "LibreTranslate's language list: every served language (ISO 639-1 where one "
+            "exists) and the ones it translates into",
+            {"type": "array", "items": language},
+        ),
         "/models": _get(
             "The served models",
             {
