@@ -261,14 +261,15 @@ def add_language_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--src-lang",
         metavar="CODE",
-        help="source language of a multilingual imported model, in its own codes (NLLB: "
-        "eng_Latn); see docs/importing.md",
+        help="source language of a multilingual imported model: ISO 639-1 (en), ISO 639-3 "
+        "(eng), BCP-47 (en-US) or its own code (NLLB: eng_Latn); see docs/importing.md",
     )
     add(
         "--tgt-lang",
         metavar="CODE",
-        help="target language of a multilingual imported model (NLLB: deu_Latn; OPUS-MT: "
-        "deu for >>deu<<): its language token is forced and not printed",
+        help="target language of a multilingual imported model, in any of those forms (de, "
+        "deu, de-DE; NLLB: deu_Latn; OPUS-MT: deu for >>deu<<): its language token is forced "
+        "and not printed",
     )
 
 
