@@ -337,9 +337,9 @@ def _post_paths(
     }
 
 
-def _libretranslate_paths() -> dict[str, Any]:
-    """LibreTranslate's other calls: `/detect`, `/frontend/settings`, `/translate_file`,
-    `/download_file/{name}`."""
+def _libretranslate_schemas() -> dict[str, dict[str, Any]]:
+    """The bodies of LibreTranslate's other calls: detect (request, answer), upload,
+    settings, file_url."""
     key = {"type": "string", "description": "needed when the server has --api-keys"}
     detect = {
         "type": "object",
@@ -401,6 +401,21 @@ def _libretranslate_paths() -> dict[str, Any]:
         "required": ["translatedFileUrl"],
         "properties": {"translatedFileUrl": {"type": "string"}},
     }
+    return {
+        "detect": detect,
+        "detections": detections,
+        "upload": upload,
+        "settings": settings,
+        "file_url": file_url,
+    }
+
+
+def _libretranslate_paths() -> dict[str, Any]:
+    """LibreTranslate's other calls: `/detect`, `/frontend/settings`, `/translate_file`,
+    `/download_file/{name}`."""
+    schemas = _libretranslate_schemas()
+    detect, detections = schemas["detect"], schemas["detections"]
+    upload, settings, file_url = schemas["upload"], schemas["settings"], schemas["file_url"]
     return {
         "/detect": {
             "post": {

@@ -44,6 +44,9 @@ class ServedModel:
     batcher: Batcher
     count_tokens: Callable[[list[str]], int]  # longest of the sentences, in source tokens
     info: dict[str, Any] = field(default_factory=dict)
+    # What a request that names no search option gets: the model's run decoding (as
+    # translate.py -c does) with serve.py's flags applied; None: the server's defaults.
+    defaults: SearchConfig | None = None
 
     @property
     def multilingual(self) -> bool:
@@ -74,6 +77,10 @@ class Service:
     metrics: Metrics | None = None  # set by `create_app`
     files: FileStore = field(default_factory=FileStore)  # translated files to download
     _languages: dict[str, tuple[str, list[str]]] | None = field(default=None, repr=False)
+
+    def defaults_for(self, model: ServedModel) -> SearchConfig:
+        """The options a request to `model` starts from, before its own fields apply."""
+        return model.defaults or self.defaults
 
     def route(
         self, model_id: str | None, src: str | None, tgt: str | None
@@ -145,7 +152,8 @@ class Service:
         return found
 
     def _unknown(self, *codes: str | None) -> str:
-        """" (...)" naming the codes no served model has, with the served languages."""
+        """The message's note on codes no served model has (with the served languages), or
+        ""."""
         every = [c for m in self.models for c in [*m.sources, *m.targets]]
         unknown = [c for c in codes if c is not None and resolve(c, every) is None]
         if not unknown:
