@@ -570,8 +570,8 @@ def split_language(args: argparse.Namespace) -> str:
     import torch
 
     from attnmt.checkpoint import resolve_checkpoint
-    from attnmt.data.sentences import splitting_language
     from attnmt.data.languages import model_languages
+    from attnmt.data.sentences import splitting_language
 
     code = args.src_lang
     if code is None:  # load_engine checked the file; mmap reads only the entries looked at
