@@ -88,10 +88,10 @@ class SpmTokenizer(Tokenizer):
         return _encode(self._tgt, texts)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self._tgt.decode([self._strip_specials(seq) for seq in ids])
+        return _decode(self._tgt, [self._strip_specials(seq) for seq in ids])
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
-        return self._src.decode([self._strip_specials(seq) for seq in ids])
+        return _decode(self._src, [self._strip_specials(seq) for seq in ids])
 
     def _strip_specials(self, seq: list[int]) -> list[int]:
         out = []
@@ -144,9 +144,23 @@ def _user_symbols(model: bytes) -> list[str]:
     return [p.piece for p in proto.pieces if p.type == user]
 
 
+# SentencePiece's list calls start a thread pool each time (0.1-0.5 ms, many times a short
+# sentence's own cost: the server tokenizes every request): up to this many texts go one call
+# each, with the same results.
+FEW_TEXTS = 64
+
+
 def _encode(processor: spm.SentencePieceProcessor, texts: list[str]) -> list[list[int]]:
     check_texts(texts)
+    if len(texts) <= FEW_TEXTS:
+        return [processor.encode(text, out_type=int) for text in texts]
     return processor.encode(list(texts), out_type=int)
+
+
+def _decode(processor: spm.SentencePieceProcessor, seqs: list[list[int]]) -> list[str]:
+    if len(seqs) <= FEW_TEXTS:
+        return [processor.decode(seq) for seq in seqs]
+    return processor.decode(seqs)
 
 
 def _write_model(path: Path, model: bytes, processor: spm.SentencePieceProcessor) -> None:

@@ -106,13 +106,13 @@ class SlotCache:
         self._v[self._rows, :, self._positions] = v.squeeze(2)
         return self._k[: self._n, :, : self._end], self._v[: self._n, :, : self._end]
 
-    def keep(self, rows: Tensor, end: int, src_len: int) -> None:
-        """Rows `rows` (m,) move to 0..m-1 (their first `end` positions, `src_len` sources)."""
-        m = rows.numel()
+    def move(self, rows: Tensor, to: Tensor, end: int, src_len: int) -> None:
+        """Rows `rows` (m,) move to rows `to` (m,) (their first `end` positions, `src_len`
+        sources); the other rows stay where they are."""
         widths = [(self._k, end), (self._v, end), (self._ck, src_len), (self._cv, src_len)]
         for buf, width in widths:
             if buf is not None:
-                buf[:m, :, :width] = buf[:, :, :width].index_select(0, rows)
+                buf[to, :, :width] = buf[rows, :, :width]
 
 
 def widened(buf: Tensor, dim: int, size: int) -> Tensor:

@@ -19,14 +19,17 @@ masked positions add exact zeros to the softmax sums, but the sums may run in an
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from attnmt.data.batching import encode_source_batch
+from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import (
     Hypothesis,
@@ -72,7 +75,6 @@ class _Sentence:
         self.index, self.kv, self.src_len, self.budget = index, kv, src_len, budget
 
 
-@torch.inference_mode()
 def continuous_greedy_search(
     engine: RowDecoder,
     src_ids: list[list[int]],
@@ -89,34 +91,172 @@ def continuous_greedy_search(
     Raises:
         ValueError: the engine is in training mode.
     """
-    if engine.training:
-        raise ValueError("continuous_greedy_search needs the engine in eval mode (engine.eval())")
-    R = max(1, min(cfg.batch_size, len(src_ids)))
+    stream = GreedyStream(engine, special, cfg, rows=min(cfg.batch_size, len(src_ids)))
+    stream.add(src_ids)
     results: list[list[Hypothesis]] = [[] for _ in src_ids]
-    queue = _Queue(engine, src_ids, special, cfg, R)
-    first = queue.next()
-    if first is None:
-        return results
-    new_rows = [first]
-    while len(new_rows) < R and (sentence := queue.next()) is not None:
-        new_rows.append(sentence)
-    rows = _Rows(engine, new_rows, R, special.bos, queue.device)
-    while rows.sentences:
-        chosen, totals = rows.step(engine, special)
+    while stream.live:
+        finished = stream.step()
+        for index, hypothesis in finished:
+            results[index] = [hypothesis]
+        if finished and progress is not None:
+            progress(len(finished))
+    return results
+
+
+class GreedyStream:
+    """Greedy search with continuous batching that takes new sentences between its steps
+    (serve.py's model thread adds requests as they arrive, as vLLM's scheduler does).
+
+    `add` queues sentences (non-empty id lists, no specials) and returns their indices; each
+    `step` first gives free rows (of `rows`, default `cfg.batch_size`) to queued sentences in
+    the order added, then decodes one token on every live row, and returns the sentences that
+    finished with it. A sentence's hypothesis does not depend on when it was added or on the
+    rows beside it (up to float rounding: see the module docstring).
+
+    Raises:
+        ValueError: the engine is in training mode.
+    """
+
+    def __init__(
+        self, engine: RowDecoder, special: SpecialTokens, cfg: SearchConfig, rows: int = 0
+    ) -> None:
+        if engine.training:
+            raise ValueError(
+                "continuous_greedy_search needs the engine in eval mode (engine.eval())"
+            )
+        self.engine, self.special, self.cfg = engine, special, cfg
+        self.slots = max(1, rows or cfg.batch_size)
+        self.queue = _Queue(engine, [], special, cfg, self.slots)
+        self.rows: _Rows | None = None
+        self.live = 0  # sentences added and not yet finished
+
+    def add(self, src_ids: list[list[int]]) -> range:
+        """Queue `src_ids`; their indices (as `step` reports them)."""
+        start = len(self.queue.src_ids)
+        self.queue.src_ids.extend(src_ids)
+        self.live += len(src_ids)
+        return range(start, start + len(src_ids))
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, Hypothesis]]:
+        """One token for every live row (after filling free rows); (index, hypothesis) of the
+        sentences that finished."""
+        rows, queue, special, cfg = self.rows, self.queue, self.special, self.cfg
+        new = []
+        while (len(rows.sentences) if rows else 0) + len(new) < self.slots and (
+            sentence := queue.next()
+        ) is not None:
+            new.append(sentence)
+        if rows is None:
+            if not new:
+                return []
+            self.rows = rows = _Rows(self.engine, new, self.slots, special.bos, queue.device)
+        elif new:
+            rows.extend(new, special.bos)
+        chosen, totals = rows.step(self.engine, special)
         finished = rows.advance(chosen, special.eos)
-        if not finished:
-            continue
+        done = []
         for r in finished:
             penalty = length_penalty_divisor(rows.positions[r], cfg.length_penalty, cfg.lp_type)
             hypothesis = Hypothesis(rows.tokens[r], totals[r] / penalty, totals[r])
-            results[rows.sentences[r].index] = [hypothesis]
-        if progress is not None:
-            progress(len(finished))
+            done.append((rows.sentences[r].index, hypothesis))
         # a new sentence in the row, or the row goes
         emptied = [r for r in finished if not rows.refill(r, queue.next(), special.bos)]
         if emptied:
             rows.drop(emptied)
-    return results
+        if not rows.sentences:
+            self.rows = None  # the next sentence starts fresh buffers
+        self.live -= len(done)
+        return done
+
+
+class RequestStream:
+    """Requests (lists of sentences) through one `GreedyStream`, each translated as
+    `Translator.translate_nbest` translates it with greedy search and continuous batching:
+    the sentences stripped and tokenized, an empty one an empty translation with score 0 that
+    never reaches the model; a request is done when its last sentence is. `open` says where
+    that applies (what `Translator` would search with continuous batching).
+
+    `add` a request (its handle back), then `step` until `live` is 0: each step returns the
+    requests that finished, (handle, one `[(text, score)]` per sentence). `record(sentences,
+    source tokens, target tokens, seconds since added)`, if given, is called per request.
+    `context()` is entered around each step (autocast, on the thread that steps).
+    """
+
+    def __init__(
+        self,
+        search: GreedyStream,
+        tokenizer: Tokenizer,
+        context: Callable[[], AbstractContextManager] = nullcontext,
+        record: Callable[[int, int, int, float], object] | None = None,
+    ) -> None:
+        self.search, self.tokenizer, self.context, self.record = search, tokenizer, context, record
+        self.requests: dict[int, _Request] = {}  # by handle, until answered
+        self.owners: dict[int, tuple[_Request, int]] = {}  # search index -> request, sentence
+        self.handles = 0
+
+    @staticmethod
+    def open(model: object, tokenizer: Tokenizer, cfg: SearchConfig, **kwargs: Any):  # noqa: ANN205
+        """A stream for requests with these options on `model`, or None where `Translator`
+        would not search them with continuous batching (beam, sampling, an int8 engine, a
+        model without it, a forced target language token)."""
+        if cfg.beam_size != 1 or cfg.sampling or tokenizer.target_prefix():
+            return None
+        if not getattr(model, "continuous_batching", False) or getattr(model, "training", True):
+            return None
+        return RequestStream(GreedyStream(model, tokenizer.special, cfg), tokenizer, **kwargs)
+
+    @property
+    def live(self) -> int:
+        """Requests added and not yet returned by `step`."""
+        return len(self.requests)
+
+    @property
+    def sentences(self) -> int:
+        """Sentences in the search: searching or waiting for a row."""
+        return self.search.live
+
+    def add(self, sentences: list[str]) -> int:
+        """Queue a request; its handle."""
+        ids = self.tokenizer.encode_src([s.strip() for s in sentences])
+        request = _Request(self.handles, ids)
+        self.handles += 1
+        self.requests[request.handle] = request
+        kept = [j for j, one in enumerate(ids) if one]
+        for j, index in zip(kept, self.search.add([ids[j] for j in kept]), strict=True):
+            self.owners[index] = (request, j)
+        request.left = len(kept)
+        return request.handle
+
+    def step(self) -> list[tuple[int, list[list[tuple[str, float]]]]]:
+        """One search step (none when no sentence is searching); the requests done."""
+        with self.context():
+            finished = self.search.step() if self.search.live else []
+        for index, hypothesis in finished:
+            request, j = self.owners.pop(index)
+            request.hyps[j] = hypothesis
+            request.left -= 1
+        done = [r for r in self.requests.values() if r.left == 0]
+        answers = []
+        for request in done:
+            del self.requests[request.handle]
+            hyps = request.hyps
+            texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
+            answers.append((request.handle, [[(t, h.score)] for t, h in zip(texts, hyps, strict=True)]))  # fmt: skip
+            if self.record is not None:
+                src = sum(len(ids) for ids in request.ids)
+                tgt = sum(len(h.tokens) for h in hyps)
+                self.record(len(hyps), src, tgt, time.perf_counter() - request.added)
+        return answers
+
+
+class _Request:
+    """A request in a `RequestStream`: its source ids, hypotheses, sentences still searching."""
+
+    def __init__(self, handle: int, ids: list[list[int]]) -> None:
+        self.handle, self.ids, self.added = handle, ids, time.perf_counter()
+        self.hyps = [Hypothesis([], 0.0, 0.0) for _ in ids]
+        self.left = 0
 
 
 class _Queue:
@@ -188,13 +328,22 @@ class _Rows:
         self.sentences: list[_Sentence] = []
         self.positions: list[int] = []
         self.tokens: list[list[int]] = []
-        n = len(sentences)
-        self.pos = torch.zeros(n, dtype=torch.long, device=device)
-        self.budget = torch.tensor([s.budget for s in sentences], device=device)
-        self.last = torch.full((n,), bos, dtype=torch.long, device=device)
-        self.sums = torch.zeros(n, device=device)
-        for r, sentence in enumerate(sentences):
-            self._load(r, sentence)
+        self.pos = torch.zeros(0, dtype=torch.long, device=device)
+        self.budget = torch.zeros(0, dtype=torch.long, device=device)
+        self.last = torch.zeros(0, dtype=torch.long, device=device)
+        self.sums = torch.zeros(0, device=device)
+        self.extend(sentences, bos)
+
+    def extend(self, sentences: list[_Sentence], bos: int) -> None:
+        """New rows n..n+k-1 (k <= free slots) take `sentences` from their start."""
+        for sentence in sentences:
+            self._load(len(self.sentences), sentence)
+        k, device = len(sentences), self.device
+        self.pos = torch.cat([self.pos, self.pos.new_zeros(k)])
+        budgets = torch.tensor([s.budget for s in sentences], dtype=torch.long, device=device)
+        self.budget = torch.cat([self.budget, budgets])
+        self.last = torch.cat([self.last, self.last.new_full((k,), bos)])
+        self.sums = torch.cat([self.sums, self.sums.new_zeros(k)])
 
     def step(self, engine: RowDecoder, special: SpecialTokens) -> tuple[list[float], list[float]]:
         """One token for every live row: the chosen ids and the rows' running sums, on the host
@@ -276,17 +425,25 @@ class _Rows:
             self.sentences[row], self.positions[row], self.tokens[row] = sentence, 0, []
 
     def drop(self, emptied: list[int]) -> None:
-        """Rows `emptied` go (no sentence left to take): the live rows move to 0..m-1."""
-        gone = set(emptied)
-        keep_list = [r for r in range(len(self.sentences)) if r not in gone]
-        keep = torch.tensor(keep_list, dtype=torch.long, device=self.device)
-        end = max((self.positions[r] for r in keep_list), default=0)
-        src_len = max((self.sentences[r].src_len for r in keep_list), default=0)
-        for cache in self.caches:
-            cache.keep(keep, end, src_len)
-        self.cross_bias[: len(keep_list)] = self.cross_bias.index_select(0, keep)
-        self.pos, self.budget = self.pos.index_select(0, keep), self.budget.index_select(0, keep)
-        self.last, self.sums = self.last.index_select(0, keep), self.sums.index_select(0, keep)
-        self.sentences[:] = [self.sentences[r] for r in keep_list]
-        self.positions[:] = [self.positions[r] for r in keep_list]
-        self.tokens[:] = [self.tokens[r] for r in keep_list]
+        """Rows `emptied` go (no sentence left to take): the live rows past the first m
+        (m = those that stay) move into the emptied rows below m, so that only their own
+        buffers are copied (rows are independent: their order does not matter)."""
+        n, gone = len(self.sentences), set(emptied)
+        m = n - len(gone)
+        movers = [r for r in range(m, n) if r not in gone]
+        holes = sorted(r for r in gone if r < m)  # as many as movers
+        if movers:
+            rows = torch.tensor(movers, dtype=torch.long, device=self.device)
+            to = torch.tensor(holes, dtype=torch.long, device=self.device)
+            end = max(self.positions[r] for r in movers)
+            src_len = max(self.sentences[r].src_len for r in movers)
+            for cache in self.caches:
+                cache.move(rows, to, end, src_len)
+            for state in (self.cross_bias, self.pos, self.budget, self.last, self.sums):
+                state[to] = state[rows]
+            for host in (self.sentences, self.positions, self.tokens):
+                for r, h in zip(movers, holes, strict=True):
+                    host[h] = host[r]
+        self.pos, self.budget = self.pos[:m], self.budget[:m]
+        self.last, self.sums = self.last[:m], self.sums[:m]
+        del self.sentences[m:], self.positions[m:], self.tokens[m:]

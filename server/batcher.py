@@ -2,9 +2,16 @@
 
 Handlers `submit` jobs from the event loop; the model thread takes the oldest job, waits up to
 `wait` seconds for more jobs with the same search options (while the batch holds fewer than
-`max_sentences` sentences), and runs them as one call. Invariants:
+`max_sentences` sentences), and runs them as one call. Where the model offers a stream for
+the oldest job's options (`open_stream`: greedy search with continuous batching,
+`engine.continuous.RequestStream`), it does not wait: the job starts at once and, between
+the stream's steps, queued jobs with the same options and pair join it (in arrival order,
+while its sentences stay within `max_sentences`; the first job that may not join stops the
+joining, so it waits for at most one stream to drain), each answered as soon as its own
+sentences are done: iteration-level scheduling, as vLLM's. Invariants:
 
-- one model call at a time: only the model thread calls `translate` / `attention`;
+- one model call at a time: only the model thread calls `translate` / `attention` / a
+  stream;
 - a job is never split across batches, and a batch holds jobs of one `SearchConfig` and one
   language pair only (jobs with other options or another pair wait, in arrival order, for a
   later batch); a job that samples has a batch of its own (`runs_alone`);
@@ -14,7 +21,7 @@ Handlers `submit` jobs from the event loop; the model thread takes the oldest jo
 - at most `max_queue` jobs wait; beyond that `submit` raises `QueueFull`.
 
 `one_request` (serve.py --no-batching) makes every batch one job, for the load comparison.
-Torch-free: the model is behind the two callables.
+Torch-free: the model is behind the callables.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from attnmt.decoding.config import SearchConfig
 
@@ -38,6 +45,21 @@ Langs = tuple[str | None, str | None]
 # one target prefix per sentence, "" for none); attention(cfg, sentence, langs)
 Translate = Callable[[SearchConfig, list[str], list[str], Langs], list[Any]]
 Attention = Callable[[SearchConfig, str, Langs], Any]
+
+
+class Stream(Protocol):
+    """A search that takes requests between its steps (`engine.continuous.RequestStream`)."""
+
+    @property
+    def sentences(self) -> int: ...  # sentences in the search (searching or waiting for a row)
+
+    def add(self, sentences: list[str]) -> int: ...  # a request's handle
+
+    def step(self) -> list[tuple[int, list[Any]]]: ...  # (handle, results) of requests done
+
+
+# open_stream(cfg, langs): a stream for jobs with these options, or None (they are batched)
+OpenStream = Callable[[SearchConfig, Langs], Stream | None]
 
 
 def runs_alone(cfg: SearchConfig) -> bool:
@@ -77,6 +99,7 @@ class Batcher:
         wait: seconds the oldest job waits for others to join its batch.
         max_queue: jobs allowed to wait at once.
         one_request: one job per batch, no waiting (batching off).
+        open_stream: the model's streams, if it has any (see the module docstring).
     """
 
     def __init__(
@@ -87,14 +110,15 @@ class Batcher:
         wait: float,
         max_queue: int,
         one_request: bool = False,
+        open_stream: OpenStream | None = None,
     ) -> None:
-        self._translate, self._attention = translate, attention
+        self._translate, self._attention, self._open_stream = translate, attention, open_stream
         self.max_sentences, self.wait, self.max_queue = max_sentences, wait, max_queue
         self.one_request = one_request
         self._pending: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closing = False
-        self.batches = 0  # model calls made (translate batches + attention jobs)
+        self.batches = 0  # model calls (translate batches, attention jobs, jobs joining a stream)
         self._thread = threading.Thread(target=self._loop, name="model", daemon=True)
         self._thread.start()
 
@@ -124,14 +148,18 @@ class Batcher:
 
     def _loop(self) -> None:
         while True:
-            batch = self._next_batch()
-            if batch is None:
+            found = self._next_batch()
+            if found is None:
                 return
-            self._run(batch)
+            batch, stream = found
+            if stream is None:
+                self._run(batch)
+            else:
+                self._run_stream(stream, batch[0])
 
-    def _next_batch(self) -> list[Job] | None:
-        """The next batch: the oldest job plus jobs that may join it; None once closed and
-        drained."""
+    def _next_batch(self) -> tuple[list[Job], Stream | None] | None:
+        """The next batch: the oldest job plus jobs that may join it, or the oldest job alone
+        with a stream to start it on; None once closed and drained."""
         with self._cond:
             while not self._pending:
                 if self._closing:
@@ -140,7 +168,10 @@ class Batcher:
             first = self._pending.popleft()
             batch = [first]
             if first.attention or self.one_request or runs_alone(first.cfg):
-                return batch
+                return batch, None
+            stream = self._stream_for(first)
+            if stream is not None:  # no waiting: jobs join between the stream's steps
+                return batch, stream
             size = len(first.sentences)
             deadline = time.monotonic() + self.wait
             while size < self.max_sentences:
@@ -149,7 +180,53 @@ class Batcher:
                 if size >= self.max_sentences or left <= 0 or self._closing:
                     break
                 self._cond.wait(left)
-            return batch
+            return batch, None
+
+    def _stream_for(self, job: Job) -> Stream | None:
+        if (
+            self._open_stream is None
+            or self.one_request
+            or job.attention
+            or any(job.prefixes or [])
+        ):
+            return None
+        return self._open_stream(job.cfg, job.langs)
+
+    def _run_stream(self, stream: Stream, first: Job) -> None:
+        """`first` and the jobs that join it between steps, until the stream runs dry."""
+        jobs: dict[int, Job] = {}  # by handle: added, not yet answered
+        joining = [first]
+        try:
+            while True:
+                joining = [job for job in joining if job.future.set_running_or_notify_cancel()]
+                for job in joining:
+                    jobs[stream.add(job.sentences)] = job
+                self.batches += bool(joining)
+                if not jobs:
+                    return
+                for handle, result in stream.step():
+                    jobs.pop(handle).future.set_result(result)
+                joining = self._stream_joining(first, stream.sentences)
+        except Exception as e:  # the thread survives; every job of the stream gets the error
+            logger.exception("a stream of %d requests failed", len(jobs) + len(joining))
+            for job in [*jobs.values(), *joining]:
+                if not job.future.done():
+                    job.future.set_exception(e)
+
+    def _stream_joining(self, first: Job, size: int) -> list[Job]:
+        """The queued jobs, oldest first, that join a stream started by `first` holding `size`
+        sentences: up to the first one of other options, pair or kind, or too big."""
+        joining: list[Job] = []
+        with self._cond:
+            while self._pending:
+                job = self._pending[0]
+                same = job.cfg == first.cfg and job.langs == first.langs and not job.attention
+                fits = size + len(job.sentences) <= self.max_sentences or size == 0
+                if not (same and fits and not any(job.prefixes or [])):
+                    break
+                joining.append(self._pending.popleft())
+                size += len(job.sentences)
+        return joining
 
     def _take_joining(self, first: Job, batch: list[Job], size: int) -> int:
         """Move the queued jobs that fit (the options and pair of `first`, room left) into

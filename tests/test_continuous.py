@@ -2,7 +2,8 @@
 sentence takes the next sentence at once. Its outputs equal batch-by-batch `greedy_search`'s
 (tokens exactly, scores to float rounding), through refills, a source longer than any before,
 histories past the cache's first capacity, budgets and the minimum length; `Translator` takes
-it for greedy search and reports progress as sentences finish."""
+it for greedy search and reports progress as sentences finish. `GreedyStream` (serve.py's)
+takes sentences between its steps with the same outputs, rows emptying and refilling."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from attnmt.data.batching import encode_source_batch
 from attnmt.decoding.search import SearchConfig, greedy_search
 from attnmt.engine import Engine
-from attnmt.engine.continuous import continuous_greedy_search
+from attnmt.engine.continuous import GreedyStream, continuous_greedy_search
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_search import assert_same_results
 
@@ -109,3 +110,29 @@ def test_continuous_equals_batch_by_batch_under_bf16_autocast(tiny_model) -> Non
     assert_same_results(got, expected)
     float32 = continuous_greedy_search(engine, src, SPECIAL, cfg)
     assert [n[0].tokens for n in got] != [n[0].tokens for n in float32]  # bf16 reached it
+
+
+def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) -> None:  # noqa: ANN001
+    """Sentences added while others run (rows free, rows full, after every row emptied) get
+    what each gets alone; `step` reports each once, by the index `add` gave."""
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
+    src = sources(24, seed=11)
+    cfg = SearchConfig(batch_size=4, max_len_a=1.5, max_len_b=8)
+    stream = GreedyStream(engine, SPECIAL, cfg)
+    arrivals = {0: [0], 1: [1, 2], 3: list(range(3, 9)), 6: [9]}  # step -> sentences added
+    got: dict[int, list] = {}
+    steps, added, emptied = 0, 0, False
+    while added < len(src) or stream.live:
+        if steps in arrivals or (emptied and added < len(src)):
+            new = arrivals.get(steps, list(range(added, min(added + 5, len(src)))))
+            assert list(stream.add([src[i] for i in new])) == new
+            added, emptied = new[-1] + 1, False
+        for index, hypothesis in stream.step():
+            assert index not in got
+            got[index] = [hypothesis]
+        emptied |= stream.live == 0
+        steps += 1
+    assert sorted(got) == list(range(len(src)))
+    alone = [batch_by_batch(engine, [ids], cfg)[0] for ids in src]
+    assert_same_results([got[i] for i in range(len(src))], alone)
+    assert stream.step() == []  # nothing live: no step

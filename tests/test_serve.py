@@ -551,3 +551,69 @@ def test_batcher_gives_a_request_that_samples_a_batch_of_its_own() -> None:
     batcher.close()
     assert [sentences for _, sentences in model.calls] == [["a"], ["b"], ["c"], ["d", "e"]]
     assert [f.result() for f in futures] == [["A"], ["B"], ["C"], ["D"], ["E"]]
+
+
+class ScriptedStream:
+    """A stream (`server.batcher.Stream`) whose requests take one step per sentence; its
+    first step waits for `release`; "boom" makes a step fail."""
+
+    def __init__(self, log: list, release: threading.Event) -> None:
+        self.log, self.release, self.running = log, release, {}
+        self.sentences = 0
+
+    def add(self, sentences: list[str]) -> int:
+        self.log.append(("add", sentences))
+        handle = len(self.log)
+        self.running[handle] = [sentences, len(sentences)]
+        self.sentences += len(sentences)
+        return handle
+
+    def step(self) -> list[tuple[int, list[str]]]:
+        assert self.release.wait(10)
+        self.log.append(("step",))
+        if any("boom" in sentences for sentences, _ in self.running.values()):
+            raise RuntimeError("boom")
+        done = []
+        for handle, request in list(self.running.items()):
+            request[1] -= 1
+            self.sentences -= 1
+            if request[1] == 0:
+                done.append((handle, [s.upper() for s in request[0]]))
+                del self.running[handle]
+        return done
+
+
+def test_batcher_streams_greedy_jobs_that_join_between_steps_in_arrival_order() -> None:
+    """Greedy jobs join the running stream between its steps while its sentences fit in 4; a
+    job of other options stops the joining, so the greedy job behind it waits for the next
+    stream; a failing stream fails the jobs in it only."""
+    model, log, release = ScriptedModel(), [], threading.Event()
+    model.release.set()
+
+    def open_stream(cfg: SearchConfig, langs: tuple) -> ScriptedStream | None:
+        return ScriptedStream(log, release) if cfg.beam_size == 1 else None
+
+    batcher = Batcher(model.translate, model.attention, 4, 0.05, 10, open_stream=open_stream)
+    greedy, beam = SearchConfig(beam_size=1), SearchConfig(beam_size=2)
+    futures = [batcher.submit(Job(greedy, ["a"]))]
+    while not log:  # the stream has taken "a" and waits in its first step
+        time.sleep(0.01)
+    jobs = [["b", "c"], ["d"], ["e"], ["f", "g"]]
+    futures += [batcher.submit(Job(greedy, sentences)) for sentences in jobs]
+    futures.append(batcher.submit(Job(beam, ["h"])))
+    futures.append(batcher.submit(Job(greedy, ["i"])))
+    futures.append(batcher.submit(Job(greedy, ["boom"])))
+    release.set()
+    batcher.close()
+    assert log == [
+        ("add", ["a"]), ("step",),  # "a" done
+        ("add", ["b", "c"]), ("add", ["d"]), ("add", ["e"]), ("step",),  # 4 sentences; "f g": 6
+        ("add", ["f", "g"]), ("step",), ("step",),  # "b c" and "f g" take 2 steps each
+        ("add", ["i"]), ("step",), ("add", ["boom"]), ("step",),  # after the beam job's batch
+    ]  # fmt: skip
+    assert model.calls == [(2, ["h"])]
+    assert [f.result() for f in futures[:7]] == [
+        ["A"], ["B", "C"], ["D"], ["E"], ["F", "G"], ["H"], ["I"]
+    ]  # fmt: skip
+    with pytest.raises(RuntimeError, match="boom"):
+        futures[7].result()
