@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from attnmt.cli.args import Parser, number, program_name
-from attnmt.cli.translate import add_runtime_flags, add_search_flags, load_model, search_config
+from attnmt.cli.translate import (
+    add_runtime_flags,
+    add_search_flags,
+    load_model,
+    run_decoding,
+    search_config,
+)
 from attnmt.common.errors import UserError
 
 PROG = program_name("serve.py")
@@ -227,7 +233,7 @@ def run(args: argparse.Namespace) -> None:
     for model_id, path in model_specs(args.checkpoint):
         served.append(serve_model(args, model_id, path, defaults, metrics_of))
     limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
-    service = Service(served, defaults, limits, keys)
+    service = Service(served, served[0].defaults or defaults, limits, keys)  # the default model's
     mode = "batching off" if args.no_batching else f"batches up to {defaults.batch_size} sentences"
     if keys is not None:
         mode += f"; {len(keys)} API keys"
@@ -278,23 +284,33 @@ def serve_model(
     """One model loaded, with its batcher (model thread); the pair a request names reaches
     the translator in `translate`/`attention` below, and only for a multilingual model."""
     import time
+    from functools import partial
 
     import torch
 
     from attnmt.common import runtime
     from attnmt.data.languages import is_multilingual
     from attnmt.decoding.translator import Translator
+    from attnmt.engine.continuous import RequestStream
     from attnmt.server.batcher import Batcher
     from attnmt.server.service import ServedModel
 
     model, tokenizer, device = load_model(args, [path])
+    # A request that names no search option decodes as translate.py -c PATH does: the run's
+    # recorded decoding (results.json's), the search flags and --precision applied.
+    defaults, precision, _ = run_decoding(args, defaults, path, device)
+    if defaults.beam_size > args.max_beam:
+        raise UserError(
+            f"-c {path} decodes with beam {defaults.beam_size}, above --max-beam "
+            f"{args.max_beam}; raise --max-beam or pass --beam"
+        )
     info = model_info(path)
     sources, targets = info.pop("languages")
     multilingual = is_multilingual(sources, targets)
     vocab = {"source": tokenizer.src_vocab_size, "target": tokenizer.tgt_vocab_size}
     info["parameters"] = sum(p.numel() for p in model.parameters())  # tied weights once
     info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
-    info.update(precision=args.precision, quantize=args.quantize)
+    info.update(precision=precision, quantize=args.quantize)
 
     bound: dict[tuple, Any] = {}  # a multilingual model's tokenizer per pair, made once
 
@@ -313,7 +329,7 @@ def serve_model(
         began = time.perf_counter()
         paired = tokenizer_for(langs)
         translator = Translator(model, paired, cfg, device)
-        with runtime.autocast(device, args.precision):  # thread-local: entered on this thread
+        with runtime.autocast(device, precision):  # thread-local: entered on this thread
             nbest = translator.translate_nbest(sentences, prefixes=prefixes)
         metrics = metrics_of.get(model_id)
         if metrics is not None:
@@ -325,7 +341,7 @@ def serve_model(
 
     def attention(cfg: Any, sentence: str, langs: tuple) -> dict[str, Any]:
         translator = Translator(model, tokenizer_for(langs), cfg, device)
-        with torch.no_grad(), runtime.autocast(device, args.precision):
+        with torch.no_grad(), runtime.autocast(device, precision):
             found = translator.attention_for(sentence)
             text = translator.translate([sentence])[0]
         weights = found.cross_attn  # (L, H, T, S)
@@ -341,6 +357,12 @@ def serve_model(
     def count_tokens(sentences: list[str]) -> int:
         return max(len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences]))
 
+    def open_stream(cfg: Any, langs: tuple) -> Any:
+        """Greedy requests joining one continuous batch between its steps, or None."""
+        context = partial(runtime.autocast, device, precision)  # entered on the model thread
+        record = partial(record_batch, metrics_of, model_id)
+        return RequestStream.open(model, tokenizer_for(langs), cfg, context=context, record=record)
+
     batcher = Batcher(
         translate,
         attention,
@@ -348,8 +370,17 @@ def serve_model(
         wait=args.batch_wait_ms / 1000,
         max_queue=args.max_queue,
         one_request=args.no_batching,
+        open_stream=open_stream,
     )
-    return ServedModel(model_id, sources, targets, batcher, count_tokens, info)
+    return ServedModel(model_id, sources, targets, batcher, count_tokens, info, defaults)
+
+
+def record_batch(metrics_of: dict[str, Any], model_id: str, *figures: Any) -> None:
+    """`Metrics.batch(model_id, sentences, source tokens, target tokens, seconds)`, once the
+    app has made its metrics."""
+    metrics = metrics_of.get(model_id)
+    if metrics is not None:
+        metrics.batch(model_id, *figures)
 
 
 def main(argv: list[str] | None = None) -> int:
