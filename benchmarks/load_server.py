@@ -5,6 +5,8 @@ on against off, and a check that every answer belongs to its request.
     python -m benchmarks.load_server -c RUN_DIR --beam 5 --sentences 200
     python -m benchmarks.load_server --url http://127.0.0.1:8000 --input FILE
     python -m benchmarks.load_server -c RUN_A -c RUN_B --soak 600 --clients 32
+    OMP_NUM_THREADS=1 python -m benchmarks.load_server -c RUN_DIR --beam 1,5 --offline \
+        --modes batching,batching,batching             # server against offline translate.py
 
 Without --url it starts `serve.py` itself on a free loopback port, once per mode (`batching`:
 the defaults; `no-batching`: `--no-batching`). The reference translation of every sentence is
@@ -14,7 +16,9 @@ answers come back. An answer that differs from its sentence's reference is count
 mismatch, and as a swap when it equals another sentence's reference (a lost, duplicated or
 swapped translation); the exit status is 1 when any mismatch is found. Bounded: at most
 `--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak`
-runs the soak instead (see `run_soak`).
+runs the soak instead (see `run_soak`). `--offline` times translate.py's own loader and
+`Translator` on the same sentences, beam and threads (median of 3, model load excluded)
+before each mode's levels, and ends with the server / offline table (medians over rounds).
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ class Level(NamedTuple):
     swapped: int
     errors: int
     batches: int  # model calls the server made during the level
+    beam: int = 1
+    offline: float = 0.0  # offline translate.py's sentences/s just before (0: not timed)
 
 
 def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float = 180.0) -> None:
@@ -202,7 +208,7 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
     return Level(
         options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
         statistics.median(ms or [0.0]), percentile(ms, 0.99),
-        counts["mismatched"], counts["swapped"], counts["errors"], batches,
+        counts["mismatched"], counts["swapped"], counts["errors"], batches, options["beam_size"],
     )  # fmt: skip
 
 
@@ -219,11 +225,48 @@ def table(levels: list[Level]) -> str:
     )
 
 
+OFFLINE = """import statistics, sys, time
+from attnmt.cli.translate import build_parser, load_translator, search_config
+args = build_parser().parse_args(sys.argv[1:])
+translator, lines, took = load_translator(args, search_config(args)), sys.stdin.read().splitlines(), []
+translator.translate(lines[:8])
+for _ in range(3):
+    start = time.perf_counter()
+    translator.translate(lines)
+    took.append(time.perf_counter() - start)
+print(len(lines) / statistics.median(took))"""
+
+
+def offline(checkpoint: str, beam: int, sentences: list[str]) -> float:
+    """Offline translate.py's sentences/s (its loader and `Translator`; median of 3 runs)."""
+    cmd = [sys.executable, "-c", OFFLINE, "-c", checkpoint, "--beam", str(beam)]
+    done = subprocess.run(cmd, input="\n".join(sentences), cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"offline translate.py failed: {done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def versus_offline(levels: list[Level]) -> str:
+    """Per beam and client count, medians over the rounds: the server's sentences/s, offline
+    translate.py's, their ratio (per round), p50 and p99 latency."""
+    rows: dict[tuple[int, int], list[tuple[float, ...]]] = {}
+    for lv in levels:
+        rate = lv.sentences / lv.seconds
+        figures = (rate, lv.offline, rate / lv.offline, lv.p50_ms, lv.p99_ms)
+        rows.setdefault((lv.beam, lv.clients), []).append(figures)
+    out = "| beam | clients | server sent/s | offline sent/s | server / offline | p50 ms | p99 ms | rounds |\n"  # fmt: skip
+    out += "|---:" * 8 + "|\n"
+    for (beam, clients), figures in sorted(rows.items()):
+        m = [statistics.median(column) for column in zip(*figures, strict=True)]
+        out += f"| {beam} | {clients} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.2f} | {m[3]:.0f} | {m[4]:.0f} | {len(figures)} |\n"  # fmt: skip
+    return out
+
+
 def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
     """Every mode x model x client count; the table; 1 when an answer was wrong or lost."""
-    clients = [int(c) for c in args.clients.split(",")]
+    clients, beams = [int(c) for c in args.clients.split(",")], [int(b) for b in args.beam.split(",")]  # fmt: skip
     levels: list[Level] = []
-    refs: dict[str, list[str]] = {}
+    refs: dict[tuple[str, int], list[str]] = {}
     for mode in ["as started"] if args.url else args.modes.split(","):
         if args.url:
             wait_healthy(args.url, None, timeout=30)
@@ -233,19 +276,22 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
             server = started_server(args.checkpoint, flags)
         with server as url:
             ids = [m["id"] for m in Client(url).get("/models")["models"]]
-            for model in ids if len(ids) > 1 else [""]:
-                options: dict[str, Any] = {"beam_size": args.beam, **({"model": model} if model else {})}  # fmt: skip
-                if model not in refs:
+            for model, beam in [(m, b) for m in (ids if len(ids) > 1 else [""]) for b in beams]:
+                options: dict[str, Any] = {"beam_size": beam, **({"model": model} if model else {})}  # fmt: skip
+                if (model, beam) not in refs:
                     began, client = time.perf_counter(), Client(url)
-                    refs[model] = [translation(client, {"sentences": [s], **options}) for s in sentences]  # fmt: skip
-                    print(f"references {model}: {len(sentences)} sentences, one at a time, in "
-                          f"{time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
+                    refs[model, beam] = [translation(client, {"sentences": [s], **options}) for s in sentences]  # fmt: skip
+                    print(f"references {model} beam {beam}: {len(sentences)} sentences, one at a "
+                          f"time, in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
+                speed = offline(args.checkpoint[ids.index(model) if model else 0], beam, sentences) if args.offline else 0.0  # fmt: skip
                 for n in clients:
-                    levels.append(run_level(url, mode, n, sentences, refs[model], options,
-                                            args.per_request, args.max_seconds))  # fmt: skip
+                    level = run_level(url, mode if len(beams) == 1 else f"{mode}, beam {beam}", n, sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
+                    levels.append(level._replace(offline=speed))
                     print(table(levels[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(f"{len(sentences)} sentences per level, {args.per_request} per request, beam {args.beam}")
     print(table(levels), end="")
+    if args.offline:
+        print("\nserver against offline translate.py (medians over rounds)\n" + versus_offline(levels), end="")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps([lv._asdict() for lv in levels], indent=1))
     bad = sum(lv.mismatched + lv.errors for lv in levels)
@@ -516,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--clients", default="1,8,32", help="client counts (default: 1,8,32)")
     add("--per-request", type=int, default=1, help="sentences per request (default: 1)")
     add("--modes", default="batching,no-batching", help="with -c: server modes to compare")
-    add("--beam", type=int, default=1, help="beam_size of every request (default: 1)")
+    add("--beam", default="1", help="beam_size of every request; a comma list measures each (default: 1)")
+    add("--offline", action="store_true", help="with -c: also time offline translate.py (see above)")
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
     add("--server-args", default="", help="extra serve.py flags, space-separated")
     add("--json", help="also write the levels (or the soak's figures) to this JSON file")
@@ -544,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.url is None) == (args.checkpoint is None):
         parser.error("pass either -c RUN_DIR (start the server) or --url (use a running one)")
+    if args.offline and args.url:
+        parser.error("--offline times translate.py on the -c checkpoints: pass -c, no --url")
     if args.url is not None and urlsplit(args.url).hostname not in LOOPBACK:
         parser.error(f"--url {args.url}: loopback only (127.0.0.1, localhost)")
     sentences = load_sentences(args)
