@@ -86,7 +86,16 @@ def test_the_wheel_holds_attnmt_only(wheel: Path) -> None:
     assert "attnmt/server/static/index.html" in names
     assert "attnmt-0.1.0.dist-info/licenses/LICENSE" in names
     entry_points = zipfile.ZipFile(wheel).read("attnmt-0.1.0.dist-info/entry_points.txt")
-    for command in ["train", "translate", "serve", "export", "import-hf", "average"]:
+    for command in [
+        "train",
+        "translate",
+        "serve",
+        "export",
+        "import-hf",
+        "average",
+        "distill",
+        "score",
+    ]:
         assert f"attnmt-{command} = ".encode() in entry_points
 
 
