@@ -35,6 +35,9 @@ Conventions (fairseq's `SequenceGenerator`, simplified):
   `temperature`, `topk` and `topp` (`sample_tokens`), `nbest` samples per sentence, with the
   same length rules; a sample's `log_prob` is under the model's own distribution (temperature
   1, no truncation), the one `--score` computes, so samples can be reranked with beam outputs.
+- Lexical constraints (terms each output must use; `decoding.constraints`) take their own
+  path through beam search (`_constrained_candidates`: dynamic beam allocation); without them
+  the search runs exactly as before. Greedy search with constraints is that beam search.
 """
 
 from __future__ import annotations
