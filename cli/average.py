@@ -7,9 +7,9 @@
 
 `--last K` takes the K newest `RUN/checkpoints/step_<N>.pt` files by step number. Floating-point
 weights are averaged in float32 and cast back to their dtype; other tensors (integer buffers)
-come from the last input, as do the model config and the tokenizer. Optimizer and other
-training state are dropped: the result is for translation (and further averaging), not for
-resuming training. Written atomically, loaded safely (`weights_only=True`).
+come from the last input, as do the model config, the tokenizer and the run's decoding.
+Optimizer and other training state are dropped: the result is for translation (and further
+averaging), not for resuming training. Written atomically, loaded safely (`weights_only=True`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from attnmt.checkpoint import (
 from attnmt.cli.args import Parser, program_name
 
 PROG = program_name("average_checkpoints.py")
-# What survives averaging: everything translate.py needs, plus harmless metadata (the last
-# input's train_state says which step the average ends at).
-_KEEP = ("format_version", "model_config", "tokenizer", "train_state", "config")
+# What survives averaging: everything translate.py needs (the run's "decoding" included: its
+# default search and precision), plus harmless metadata (the last input's train_state says
+# which step the average ends at).
+_KEEP = ("format_version", "model_config", "tokenizer", "train_state", "config", "decoding")
 
 
 def last_step_checkpoints(run_dir: Path, k: int) -> list[Path]:

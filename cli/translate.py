@@ -34,7 +34,7 @@ from typing import (
 from attnmt.cli.args import Parser, number, program_name
 from attnmt.common.errors import UserError, exit_status
 from attnmt.common.files import atomic_open, read_lines
-from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.config import RunDecoding, SearchConfig
 from attnmt.decoding.glossary import Glossary
 from attnmt.decoding.inputs import AlignedLines, Input, open_aligned, open_input
 
@@ -59,8 +59,19 @@ def _flag(f: Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
+class _Given(argparse.Action):
+    """Stores a flag's value (`const` for a flag that takes none) and adds its dest to
+    `namespace.given`: the search flags and --precision a user typed win over the run's
+    recorded decoding, the others come from it (`run_decoding`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
 def add_search_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per `SearchConfig` field (dest = the field name), with its default and help."""
+    """One flag per `SearchConfig` field (dest = the field name), with its default and help.
+    A flag left out takes the run's recorded value (`run_decoding`), else this default."""
     types = get_type_hints(SearchConfig)
     flags = {f.name: _flag(f) for f in fields(SearchConfig)}
     for f in fields(SearchConfig):
@@ -70,7 +81,10 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
                 text = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, text)
         kind = types[f.name]
         if kind is bool:
-            parser.add_argument(flags[f.name], dest=f.name, action="store_true", help=text)
+            parser.add_argument(
+                flags[f.name], dest=f.name, action=_Given, nargs=0, const=True, default=False,
+                help=text,
+            )  # fmt: skip
             continue
         if get_origin(kind) is Literal:
             spec = {"choices": get_args(kind)}
@@ -80,8 +94,9 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             flags[f.name],
             dest=f.name,
+            action=_Given,
             default=f.default,
-            help=f"{text} (default: {f.default})",
+            help=f"{text} (default: the run's, else {f.default})",
             **spec,
         )
 
@@ -99,9 +114,11 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--precision",
         choices=PRECISIONS,
+        action=_Given,
         default="fp32",
         help="autocast dtype during search: bf16 runs on CPU and recent GPUs, fp16 on GPUs "
-        "(and CPUs where torch supports it) (default: fp32)",
+        "(and CPUs where torch supports it) (default: the run's on the device type it was "
+        "tested on and without --quantize, else fp32)",
     )
     add(
         "--quantize",
@@ -419,7 +436,7 @@ def run(args: argparse.Namespace) -> None:
                     done = score_input(translator, source, out, side, args.token_scores)
                 else:
                     job = Job(
-                        nbest=cfg.nbest,
+                        nbest=translator.search_cfg.nbest,
                         keep=refs is not None,
                         prefixes=side,
                         tab_prefix=args.tab_prefix,
@@ -450,7 +467,83 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     if args.tag is not None and args.tag not in tokenizer.tags:
         known = ", ".join(tokenizer.tags) or "none"
         raise UserError(f"--tag {args.tag} is not one of this model's tags ({known}); drop it")
+    # The first checkpoint's run decides, as fairseq takes the first model's settings.
+    cfg, args.precision, recorded = run_decoding(args, cfg, args.checkpoint[0], device)
+    if recorded:
+        print(f"{PROG}: decoding: {describe_decoding(cfg, args.precision)}", file=sys.stderr)
     return Translator(model, tokenizer, cfg, device, args.inter_threads)
+
+
+def run_decoding(
+    args: argparse.Namespace, flags: SearchConfig, checkpoint: str, device: str
+) -> tuple[SearchConfig, str, bool]:
+    """(search, precision, whether the run's record was used) to decode `checkpoint` with on
+    `device` (a type): each search flag (`flags`: `search_config(args)`) and --precision given
+    on the command line, else the decoding its training run tested with (the checkpoint's
+    "decoding", as in its results.json: `RunDecoding`), else the flag's default. The run's
+    precision applies on the device type it was tested on and without --quantize (int8
+    computes in int8/fp32); a checkpoint without a record (older, imported) decodes with the
+    flags' defaults."""
+    from attnmt.common import runtime
+
+    given = getattr(args, "given", frozenset())
+    recorded = stored_decoding(checkpoint)
+    if recorded is None:
+        return flags, args.precision, False
+    values = {
+        f.name: getattr(flags if f.name in given else recorded.search, f.name)
+        for f in fields(SearchConfig)
+    }
+    try:
+        cfg = SearchConfig(**values)
+    except ValueError as e:  # e.g. --nbest above the run's beam
+        raise UserError(f"{e} (the run's decoding, flags applied); see --help") from None
+    precision = args.precision
+    if "precision" not in given and args.quantize == "none" and recorded.device == device:
+        precision = recorded.precision
+        dtype = runtime.DTYPES.get(precision)
+        if dtype is not None and not runtime.autocast_supported(device, dtype):
+            print(
+                f"{PROG}: warning: the run decoded in {precision}, which torch cannot autocast "
+                f"on this {device}: decoding in fp32, so scores may differ from results.json",
+                file=sys.stderr,
+            )
+            precision = "fp32"
+    return cfg, precision, True
+
+
+def stored_decoding(checkpoint: str) -> RunDecoding | None:
+    """The `RunDecoding` a checkpoint (file or run dir) records, or None."""
+    import torch
+
+    from attnmt.checkpoint import resolve_checkpoint
+
+    # load_engine checked the file; mmap reads only the entries looked at
+    ckpt = torch.load(resolve_checkpoint(checkpoint), mmap=True, weights_only=True)
+    try:
+        return RunDecoding.from_stored(ckpt.get("decoding"))
+    except (TypeError, ValueError) as e:
+        raise UserError(
+            f"the decoding recorded in {checkpoint} is unusable ({e}); use the attnmt version "
+            "that wrote it"
+        ) from None
+
+
+def describe_decoding(cfg: SearchConfig, precision: str) -> str:
+    """One line of what a search does, for stderr."""
+    if cfg.sampling:
+        how = (
+            f"sampling {cfg.nbest} per sentence (topk {cfg.topk}, topp {cfg.topp:g}, "
+            f"temperature {cfg.temperature:g}, seed {cfg.seed})"
+        )
+    else:
+        how = "greedy" if cfg.beam_size == 1 else f"beam {cfg.beam_size}"
+        how += f", length penalty {cfg.length_penalty:g} ({cfg.lp_type})"
+    return (
+        f"{how}, at most {cfg.max_len_a:g} x source + {cfg.max_len_b} tokens, "
+        f"{cfg.batch_size} sentences a batch, {precision} (the run's decoding, as its "
+        "results.json records it, where no flag says otherwise)"
+    )
 
 
 def load_model(args: argparse.Namespace, checkpoints: list[str]) -> tuple:

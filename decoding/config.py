@@ -8,7 +8,7 @@ before torch loads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 LengthPenaltyType = Literal["fairseq", "gnmt"]
@@ -71,3 +71,42 @@ class SearchConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.lp_type not in LP_TYPES:
             raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {self.lp_type!r}")
+
+
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")  # autocast dtypes a search runs in
+
+
+@dataclass(frozen=True)
+class RunDecoding:
+    """How a training run decoded its test scores: the search, the autocast precision and the
+    device type it ran on. `train.py` writes it as "decoding" in `results.json` and in every
+    checkpoint (`as_dict`); `translate.py` and `serve.py` decode that way unless a flag or a
+    request field says otherwise (`from_stored`)."""
+
+    search: SearchConfig
+    precision: str = "fp32"  # resolved: fp32 | bf16 | fp16 (never "auto")
+    device: str = "cpu"  # the device type the test ran on: cpu | cuda
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stored form: the `SearchConfig` fields, then "precision" and "device" (plain
+        values only, so `torch.load(weights_only=True)` reads it)."""
+        return {**asdict(self.search), "precision": self.precision, "device": self.device}
+
+    @classmethod
+    def from_stored(cls, stored: Any) -> RunDecoding | None:
+        """The record `as_dict` wrote, or None when there is none (a checkpoint written before
+        runs recorded their decoding, an imported model). Keys this code does not know are
+        ignored, so a newer record still loads.
+
+        Raises:
+            ValueError: the record holds a value `SearchConfig` rejects, or an unknown
+                precision.
+        """
+        if not isinstance(stored, dict):
+            return None
+        names = {f.name for f in fields(SearchConfig)}
+        search = SearchConfig(**{k: v for k, v in stored.items() if k in names})
+        precision = stored.get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {'|'.join(PRECISIONS)}, got {precision!r}")
+        return cls(search, precision, str(stored.get("device", "cpu")))

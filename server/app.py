@@ -139,7 +139,7 @@ async def translate(request: Request) -> JSONResponse:
     prefixes = _prefixes(body, sentences, limits)
     split = split_option(body, False, 422)
     model, langs = _our_route(body, service)
-    cfg = _options(body, service)
+    cfg = _options(body, service, model)
     texts = split_ours(sentences, prefixes, cfg.nbest, model, langs[0], limits) if split else None
     if texts is not None:
         sentences = texts.sentences
@@ -176,7 +176,7 @@ async def attention(request: Request) -> JSONResponse:
         raise error(422, "'sentence' is empty; send a sentence to translate")
     _check_lengths([sentence], service.limits.max_chars, "sentence")
     model, langs = _our_route(body, service)
-    cfg = _options(body, service)
+    cfg = _options(body, service, model)
     check_output_budget(cfg, [sentence], model, service.limits.max_output_tokens)
     job = Job(cfg, [sentence], attention=True, langs=langs)
     return JSONResponse(await submit(model.batcher, job))
@@ -317,9 +317,10 @@ def _check_lengths(sentences: list[str], max_chars: int, name: str) -> None:
             )
 
 
-def _options(body: dict[str, Any], service: Service) -> SearchConfig:
+def _options(body: dict[str, Any], service: Service, model: ServedModel) -> SearchConfig:
+    """The request's options: its fields over the model's defaults (`Service.defaults_for`)."""
     try:
-        cfg = search_config(body, service.defaults)
+        cfg = search_config(body, service.defaults_for(model))
     except OptionError as e:
         raise error(422, str(e)) from None
     if cfg.beam_size > service.limits.max_beam:

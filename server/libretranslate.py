@@ -114,7 +114,7 @@ async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONR
     # request says split_sentences: false, is translated; `texts` puts the answer together.
     texts = Texts(fields.texts, source_language(model.sources, source), split, fields.fmt)
     check_limits(texts, service.limits, 400, "Invalid request: ")
-    cfg = service.defaults
+    cfg = service.defaults_for(model)
     if fields.alternatives:
         n = fields.alternatives + 1
         cfg = replace(cfg, beam_size=max(cfg.beam_size, n), nbest=n)
@@ -231,7 +231,7 @@ async def translate_file(request: Request) -> JSONResponse:
         texts = Texts(parsed.texts, source_language(model.sources, source), True, parsed.fmt)
         _check_file(texts, parsed, service)
         hyps = await _translated(
-            service, model, Job(service.defaults, texts.sentences, langs=langs)
+            service, model, Job(service.defaults_for(model), texts.sentences, langs=langs)
         )
         translated = texts.render([nbest[0][0] for nbest in hyps])
     try:

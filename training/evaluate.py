@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,7 @@ import torch
 
 from attnmt.common.files import atomic_write
 from attnmt.data.batching import Batch
-from attnmt.decoding.search import SearchConfig
+from attnmt.decoding.config import RunDecoding
 from attnmt.decoding.translator import Translator
 from attnmt.evaluation import corpus_bleu, corpus_chrf
 from attnmt.training import distributed
@@ -92,7 +91,7 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, Any]:
 
 def results_summary(
     state: TrainState,
-    search: SearchConfig,
+    decoding: RunDecoding,
     model: torch.nn.Module,
     world_size: int,
     dropped: dict[str, int] | None = None,
@@ -100,7 +99,9 @@ def results_summary(
 ) -> dict[str, Any]:
     """What `results.json` holds about the run; its "test" scores are filled in per split.
     `dropped`: training pairs the data preparation skipped, by rule; `tokens_per_update`: the
-    update's token budget (`training.build.tokens_per_update`)."""
+    update's token budget (`training.build.tokens_per_update`); `decoding`: the search,
+    precision and device the test scores come from (what translate.py -c RUN decodes with
+    when no search flag is given)."""
     return {
         "valid": {k: state.best_valid.get(k, 0.0) for k in ("bleu", "chrf", "loss", "ppl")},
         "test": {},
@@ -111,7 +112,7 @@ def results_summary(
         "nonfinite_updates": state.nonfinite_total,
         "rollbacks": state.rollbacks,
         "dropped_pairs": dict(dropped or {}),
-        "decoding": asdict(search),
+        "decoding": decoding.as_dict(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "world_size": world_size,
         "tokens_per_update": tokens_per_update,

@@ -21,6 +21,7 @@ from attnmt.checkpoint import keep_newest_step_checkpoints, load_checkpoint, sav
 from attnmt.common import runtime
 from attnmt.common.files import atomic_write
 from attnmt.data.batching import BatchIterator
+from attnmt.decoding.config import RunDecoding
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from attnmt.training import build, distributed
@@ -91,9 +92,16 @@ class Run(Learner):
         """A fresh context of `trainer.precision` on this rank's device."""
         return runtime.autocast(self.ctx.device, self.cfg.trainer.precision)
 
+    def decoding(self) -> RunDecoding:
+        """How validation and the test decode: the `decoding` config, in `trainer.precision`
+        (resolved by then: never `auto`) on this device. Recorded in `results.json` and in
+        every checkpoint, where translate.py and serve.py find it."""
+        return RunDecoding(self.cfg.decoding, self.cfg.trainer.precision, self.ctx.device.type)
+
     def translator(self, model: torch.nn.Module) -> Translator:
         """Validation's and the test's translator: the inference engine on the model's own
-        parameters, in the run's decoding config."""
+        parameters, in the run's decoding config (entered in `self.autocast()` by the caller,
+        as translate.py enters the recorded precision)."""
         engine = Engine(model)
         return Translator(engine, self.data.tokenizer, self.cfg.decoding, self.ctx.device)
 
@@ -157,7 +165,9 @@ class Run(Learner):
         rngs = distributed.gather_objects(rng_state(), self.ctx)
         if self.ctx.is_main:
             folder, config = self.run_dir / "checkpoints", self.cfg.raw
-            base, last = checkpoint_payloads(self.trainee, self.data.tokenizer, config, rngs)
+            decoding = self.decoding().as_dict()
+            tokenizer = self.data.tokenizer
+            base, last = checkpoint_payloads(self.trainee, tokenizer, config, rngs, decoding)
             save_checkpoint(folder / "last.pt", last)
             if is_best:
                 save_checkpoint(folder / "best.pt", {**base, "config": config})
@@ -187,7 +197,7 @@ class Run(Learner):
             model.load_state_dict(load_checkpoint(best)["model"])
         budget = build.tokens_per_update(self.cfg, ctx)
         results = results_summary(
-            state, self.cfg.decoding, model, ctx.world_size, self.data.dropped, budget
+            state, self.decoding(), model, ctx.world_size, self.data.dropped, budget
         )
         translator = self.translator(model)
         for split, raw in self.data.test.items():

@@ -70,15 +70,22 @@ class Trainee:
 
 
 def checkpoint_payloads(
-    trainee: Trainee, tokenizer: Tokenizer, config: dict, rngs: list[dict[str, Any]]
+    trainee: Trainee,
+    tokenizer: Tokenizer,
+    config: dict,
+    rngs: list[dict[str, Any]],
+    decoding: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """What this run's checkpoints hold: `base`, in every one (the weights to translate with,
-    model config, tokenizer, progress), and `last` (`last.pt` and `step_<N>.pt`): `base` plus
-    all that `resume` restores (the trained weights if they differ, optimizer, loss scale,
-    `rngs`: every rank's random state) and the resolved `config`."""
+    model config, tokenizer, progress, and `decoding`: how the run validates and tests,
+    `RunDecoding.as_dict`, the default of translate.py and serve.py), and `last` (`last.pt` and
+    `step_<N>.pt`): `base` plus all that `resume` restores (the trained weights if they differ,
+    optimizer, loss scale, `rngs`: every rank's random state) and the resolved `config`."""
     state = asdict(trainee.state)
     weights = trainee.inference_weights()
     base = {**model_payload(trainee.model, tokenizer, weights), "train_state": state}
+    if decoding is not None:
+        base["decoding"] = decoding
     trained = {"train_weights": trainee.model.state_dict()} if trainee.ema else {}
     last = {
         **base,
