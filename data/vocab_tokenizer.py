@@ -20,6 +20,7 @@ from attnmt.data.languages import resolve
 from attnmt.data.tokenizer import SpecialIds, Tokenizer, check_texts
 
 IMPORTED_TOKENIZER = "tokenizer.pt"  # an imported model's tokenizer state (scripts/import_hf.py)
+NLLB_SPECIAL = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")  # NllbTokenizer's special tokens
 
 
 @dataclass
@@ -86,8 +87,13 @@ class VocabTokenizer(Tokenizer):
         self._tgt_ids = self._src_ids if self.joint else {p: i for i, p in enumerate(vocab.tgt)}
         # Language tokens in the text (`>>deu<< A man ...`) are one id each, as tags are.
         self.tags = {vocab.src[i]: i for i in vocab.languages.values() if i < len(vocab.src)}
-        # Never text: specials, language tokens and pieces SentencePiece does not know.
-        self._hidden = set(vars(self.special).values()) | set(vocab.languages.values())
+        # Never text, as Transformers' decode(skip_special_tokens=True) skips them: the
+        # specials, and NLLB's other special tokens and language tokens (OPUS-MT's `>>deu<<`
+        # are ordinary tokens there, printed).
+        self._hidden = set(vars(self.special).values())
+        if vocab.convention == "nllb":
+            named = {i for i, piece in enumerate(vocab.tgt) if piece in NLLB_SPECIAL}
+            self._hidden |= named | set(vocab.languages.values())
 
     # --- languages of a multilingual model ----------------------------------------------------
 
@@ -164,7 +170,8 @@ class VocabTokenizer(Tokenizer):
         return out
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self._decode_pieces(ids, self.vocab.tgt, self._tgt)
+        # Transformers' MarianTokenizer decodes a shared vocabulary with the source model.
+        return self._decode_pieces(ids, self.vocab.tgt, self._src if self.joint else self._tgt)
 
     def decode_src(self, ids: list[list[int]]) -> list[str]:
         return self._decode_pieces(ids, self.vocab.src, self._src)
@@ -172,8 +179,11 @@ class VocabTokenizer(Tokenizer):
     def _decode_pieces(
         self, ids: list[list[int]], pieces: list[str], processor: spm.SentencePieceProcessor
     ) -> list[str]:
-        """Ids -> text: specials and language tokens dropped, the rest joined by SentencePiece
-        (ids past the vocabulary, NLLB's spare rows, are dropped)."""
+        """Ids -> text as Transformers' tokenizer of the model decodes them with
+        `skip_special_tokens=True`, up to the first EOS; ids no piece has (NLLB's spare rows)
+        are dropped. Every piece of the vocabulary becomes text, also one the
+        SentencePiece model lacks (an OPUS-MT vocab.json holds the pieces of both sides' models):
+        its word boundaries (`▁`) become spaces, never a literal `▁`."""
         texts = []
         for seq in ids:
             kept = []
@@ -181,9 +191,12 @@ class VocabTokenizer(Tokenizer):
                 token = int(token)
                 if token == self.special.eos:
                     break
-                if token not in self._hidden and token < len(pieces):
+                if token not in self._hidden and token < len(pieces) and pieces[token]:
                     kept.append(pieces[token])
-            texts.append(processor.decode_pieces(kept))
+            if self.vocab.convention == "nllb":
+                texts.append(_metaspace_decode(kept))
+            else:  # MarianTokenizer.convert_tokens_to_string
+                texts.append(processor.decode_pieces(kept).replace(SPACE, " ").strip())
         return texts
 
     def src_pieces(self, ids: list[int]) -> list[str]:
@@ -214,6 +227,15 @@ class VocabTokenizer(Tokenizer):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(out_dir / IMPORTED_TOKENIZER, lambda f: torch.save(self.state_dict(), f))
+
+
+SPACE = "\u2581"  # "▁", SentencePiece's word boundary
+
+
+def _metaspace_decode(pieces: list[str]) -> str:
+    """NLLB's Transformers tokenizer (the `tokenizers` Metaspace decoder, prepend_scheme
+    "always"): every `▁` becomes a space, except in the first piece, which loses them all."""
+    return "".join(piece.replace(SPACE, "" if i == 0 else " ") for i, piece in enumerate(pieces))
 
 
 def _piece(pieces: list[str], i: int) -> str:

@@ -354,6 +354,30 @@ def test_tokenizer_ids_equal_transformers(family: Family) -> None:
     assert [given + ids + [eos] for ids in tokenizer.encode_tgt(DE)] == hf_target_ids(family, DE)
 
 
+def test_decoded_text_equals_transformers_for_every_id(family: Family) -> None:
+    """Ids become the text Transformers' tokenizer prints (`decode(ids,
+    skip_special_tokens=True)`): every id of the target vocabulary alone, the references' ids,
+    the model's own translations and random sequences. OPUS-MT's vocab.json holds the pieces of
+    both SentencePiece models: one that target.spm lacks (checked to exist) reads with spaces,
+    never a literal ▁."""
+    model, tokenizer = ours(family)
+    hf, eos, given = family.tokenizer, tokenizer.special.eos, tokenizer.target_prefix()
+    vocab = tokenizer.tgt_vocab_size
+    singles = [[i] for i in range(vocab) if i != eos]
+    translated = Translator(model, tokenizer, SearchConfig(beam_size=1)).translate_nbest(EN[:30])
+    emitted = [nbest[0].tokens for nbest in translated]
+    gen = torch.Generator().manual_seed(0)
+    randoms = [torch.randint(vocab, (n % 12 + 1,), generator=gen).tolist() for n in range(300)]
+    randoms = [ids[: ids.index(eos)] if eos in ids else ids for ids in randoms]
+    for ids in [*singles, *tokenizer.encode_tgt(DE), *emitted, *randoms]:
+        expected = hf.decode(given + ids, skip_special_tokens=True)
+        assert tokenizer.decode_tgt([ids]) == [expected], ids
+    if family.name.startswith("opus-mt"):
+        target = spm.SentencePieceProcessor(model_file=str(family.folder / "target.spm"))
+        outside = [p for p in tokenizer.vocab.tgt if target.piece_to_id(p) == target.unk_id()]
+        assert any(p.startswith("▁") for p in outside)  # the pieces this test is about
+
+
 def test_logits_equal_transformers_full_and_step_by_step(family: Family) -> None:
     model, tokenizer = ours(family)
     special = tokenizer.special
