@@ -5,9 +5,11 @@ queue and model thread and is routed to by its languages (`data.languages`) or i
 run dir's name unless `ID=` names it); the first is the default model. The search flags
 (`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in translate.py, and set the
 server's default options, which each request may override (`server.options`); `--batch-size`
-bounds the sentences of one dynamic batch. Flags, the checkpoints, the key file and the port
-are checked before the models load; every user mistake raises `UserError` (one line, exit 1)
-or exits 2 for a bad flag.
+bounds the sentences of one dynamic batch. `--glossary [ID=]FILE` gives a model a default
+glossary (`decoding.glossary`): FILE alone applies to every model without one of its own, ID=
+to the model of that id; a request's `glossary` entries override it per source term. Flags,
+the checkpoints, the key file, the glossaries and the port are checked before the models
+load; every user mistake raises `UserError` (one line, exit 1) or exits 2 for a bad flag.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     add("--port", type=number(int, 0), default=8000, help="port; 0 = any free one (default: 8000)")
     add_search_flags(parser)
+    add(
+        "--glossary",
+        action="append",
+        metavar="[ID=]FILE",
+        help="a default glossary: a TSV of 'source term<TAB>target term' lines (as translate.py "
+        "--glossary); FILE alone: for every model, ID=FILE: for the model of that id; a "
+        "request's glossary entries override it per source term",
+    )
     add_runtime_flags(parser)
     add(
         "--batch-wait-ms",
@@ -69,6 +79,35 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one request per model call, no waiting (for comparison)",
     )
+    add_limit_flags(parser)
+    add(
+        "--api-keys",
+        metavar="FILE",
+        help="require an API key: FILE has one key per line, optionally followed by its cap "
+        "in requests per minute (default: none needed)",
+    )
+    add(
+        "--key-rate",
+        type=number(float, 0.001),
+        default=60.0,
+        metavar="N",
+        help="requests per minute of a key whose line names no cap (default: 60)",
+    )
+    add(
+        "--shutdown-timeout",
+        type=number(float, 1),
+        default=120.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long to wait for the requests already received "
+        "(a client that never finishes sending cannot hold the server up longer) "
+        "(default: 120)",
+    )
+    return parser
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """What one request may ask for (`server.service.Limits`) and the queue's length."""
+    add = parser.add_argument
     add(
         "--max-sentences",
         type=number(int, 1),
@@ -105,29 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest output length budget, int(max_len_a * source tokens + max_len_b), a "
         "request may ask for (default: 1024)",
     )
-    add(
-        "--api-keys",
-        metavar="FILE",
-        help="require an API key: FILE has one key per line, optionally followed by its cap "
-        "in requests per minute (default: none needed)",
-    )
-    add(
-        "--key-rate",
-        type=number(float, 0.001),
-        default=60.0,
-        metavar="N",
-        help="requests per minute of a key whose line names no cap (default: 60)",
-    )
-    add(
-        "--shutdown-timeout",
-        type=number(float, 1),
-        default=120.0,
-        metavar="SECONDS",
-        help="on SIGTERM or Ctrl-C, how long to wait for the requests already received "
-        "(a client that never finishes sending cannot hold the server up longer) "
-        "(default: 120)",
-    )
-    return parser
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -178,6 +194,41 @@ def model_specs(values: list[str]) -> list[tuple[str, str]]:
     return specs
 
 
+def model_glossaries(values: list[str], ids: list[str]) -> dict[str, Any]:
+    """Model id -> its default `Glossary`, from the `--glossary` values: `ID=FILE` for the
+    model of that id, FILE for every model without an `ID=` of its own; at most one each.
+
+    Raises:
+        UserError: an unknown id, two glossaries for one model, or a file that cannot be read
+            or holds a bad line (`GlossaryError`: the file and line).
+    """
+    from attnmt.decoding.glossary import Glossary
+
+    every: str | None = None
+    own: dict[str, str] = {}
+    for value in values:
+        name, sep, rest = value.partition("=")
+        if sep and name and "/" not in name and not Path(value).exists():
+            if name not in ids:
+                raise UserError(
+                    f"--glossary {value}: no served model has the id {name!r} (ids: "
+                    f"{', '.join(ids)}); name one, or give the glossary's path alone"
+                )
+            if name in own:
+                raise UserError(f"--glossary {value}: model {name!r} already has {own[name]}")
+            own[name] = rest
+        elif every is not None:
+            raise UserError(
+                f"--glossary {value}: {every} is already every model's glossary; give one "
+                "FILE, and ID=FILE for the models that need another"
+            )
+        else:
+            every = value
+    paths = {i: own.get(i, every) for i in ids if own.get(i, every) is not None}
+    loaded = {path: Glossary.from_file(path) for path in dict.fromkeys(paths.values())}
+    return {i: loaded[path] for i, path in paths.items()}
+
+
 def model_info(path: str) -> dict[str, Any]:
     """What `GET /info` reports: languages, sizes, vocabulary, step, and the run's BLEU from
     its results.json when there is one; `languages` holds (sources, targets) for routing."""
@@ -218,6 +269,12 @@ def run(args: argparse.Namespace) -> None:
             f"--beam {defaults.beam_size} is above --max-beam {args.max_beam}; lower --beam "
             "or raise --max-beam"
         )
+    if args.glossary and args.sampling:
+        raise UserError(
+            "--glossary constrains beam or greedy search: drop --sampling or --glossary"
+        )
+    specs = model_specs(args.checkpoint)
+    glossaries = model_glossaries(args.glossary or [], [model_id for model_id, _ in specs])
     sock = bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
 
@@ -230,8 +287,10 @@ def run(args: argparse.Namespace) -> None:
     keys = KeyRing.from_file(args.api_keys, args.key_rate) if args.api_keys else None
     served: list[ServedModel] = []
     metrics_of: dict[str, Any] = {}  # model id -> the app's Metrics, once it exists
-    for model_id, path in model_specs(args.checkpoint):
-        served.append(serve_model(args, model_id, path, defaults, metrics_of))
+    for model_id, path in specs:
+        model = serve_model(args, model_id, path, defaults, metrics_of)
+        model.glossary = glossaries.get(model_id)
+        served.append(model)
     limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
     service = Service(served, served[0].defaults or defaults, limits, keys)  # the default model's
     mode = "batching off" if args.no_batching else f"batches up to {defaults.batch_size} sentences"
@@ -296,20 +355,11 @@ def serve_model(
     from attnmt.server.service import ServedModel
 
     model, tokenizer, device = load_model(args, [path])
-    # A request that names no search option decodes as translate.py -c PATH does: the run's
-    # recorded decoding (results.json's), the search flags and --precision applied.
-    defaults, precision, _ = run_decoding(args, defaults, path, device)
-    if defaults.beam_size > args.max_beam:
-        raise UserError(
-            f"-c {path} decodes with beam {defaults.beam_size}, above --max-beam "
-            f"{args.max_beam}; raise --max-beam or pass --beam"
-        )
+    defaults, precision = model_decoding(args, defaults, path, device)
     info = model_info(path)
     sources, targets = info.pop("languages")
     multilingual = is_multilingual(sources, targets)
-    vocab = {"source": tokenizer.src_vocab_size, "target": tokenizer.tgt_vocab_size}
-    info["parameters"] = sum(p.numel() for p in model.parameters())  # tied weights once
-    info.update(vocab={**vocab, "joint": tokenizer.joint}, device=device)
+    info.update(loaded_facts(model, tokenizer), device=device)
     info.update(precision=precision, quantize=args.quantize)
 
     bound: dict[tuple, Any] = {}  # a multilingual model's tokenizer per pair, made once
@@ -324,13 +374,13 @@ def serve_model(
         return bound[langs]
 
     def translate(
-        cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple
+        cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple, glossaries: Any = None
     ) -> list[list[tuple[str, float]]]:
         began = time.perf_counter()
         paired = tokenizer_for(langs)
         translator = Translator(model, paired, cfg, device)
         with runtime.autocast(device, precision):  # thread-local: entered on this thread
-            nbest = translator.translate_nbest(sentences, prefixes=prefixes)
+            nbest = translator.translate_nbest(sentences, prefixes=prefixes, glossary=glossaries)
         metrics = metrics_of.get(model_id)
         if metrics is not None:
             src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS
@@ -357,6 +407,12 @@ def serve_model(
     def count_tokens(sentences: list[str]) -> int:
         return max(len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences]))
 
+    def check_terms(
+        cfg: Any, sentences: list[str], prefixes: Any, glossary: Any, langs: tuple
+    ) -> None:
+        translator = Translator(model, tokenizer_for(langs), cfg, device)
+        translator.check_terms(sentences, glossary, prefixes)
+
     def open_stream(cfg: Any, langs: tuple) -> Any:
         """Greedy requests joining one continuous batch between its steps, or None."""
         context = partial(runtime.autocast, device, precision)  # entered on the model thread
@@ -372,7 +428,31 @@ def serve_model(
         one_request=args.no_batching,
         open_stream=open_stream,
     )
-    return ServedModel(model_id, sources, targets, batcher, count_tokens, info, defaults)
+    served = ServedModel(model_id, sources, targets, batcher, count_tokens, info, defaults)
+    served.check_terms = check_terms  # on the event loop: tokenizing only, no model call
+    return served
+
+
+def model_decoding(args: argparse.Namespace, defaults: Any, path: str, device: str) -> Any:
+    """(the options, the precision) a request to the model at `path` starts from: what
+    translate.py -c PATH decodes with, the run's recorded decoding (results.json's) with the
+    search flags and --precision applied."""
+    defaults, precision, _ = run_decoding(args, defaults, path, device)
+    if defaults.beam_size > args.max_beam:
+        raise UserError(
+            f"-c {path} decodes with beam {defaults.beam_size}, above --max-beam "
+            f"{args.max_beam}; raise --max-beam or pass --beam"
+        )
+    return defaults, precision
+
+
+def loaded_facts(model: Any, tokenizer: Any) -> dict[str, Any]:
+    """What `GET /info` reports of a loaded model: its parameters and vocabulary sizes."""
+    vocab = {"source": tokenizer.src_vocab_size, "target": tokenizer.tgt_vocab_size}
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),  # tied weights once
+        "vocab": {**vocab, "joint": tokenizer.joint},
+    }
 
 
 def record_batch(metrics_of: dict[str, Any], model_id: str, *figures: Any) -> None:

@@ -85,6 +85,13 @@ class Glossary:
             terms.append(Term(source, target, f"glossary entry {source!r}"))
         return cls(terms)
 
+    def updated(self, overrides: Glossary) -> Glossary:
+        """These terms, with those of `overrides` in place of any that have the same source
+        term (a server request's glossary over the model's default one)."""
+        replaced = {_words(t.source).casefold() for t in overrides.terms}
+        kept = [t for t in self.terms if _words(t.source).casefold() not in replaced]
+        return Glossary([*kept, *overrides.terms])
+
     def find(self, sentence: str) -> list[Term]:
         """The terms whose source occurs in `sentence` (whole words, any case), each once, in
         order of first occurrence."""

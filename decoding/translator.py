@@ -141,7 +141,7 @@ class Translator:
         prefixes: list[str] | None = None,
         src_lang: str | None = None,
         tgt_lang: str | None = None,
-        glossary: Glossary | None = None,
+        glossary: Glossary | list[Glossary | None] | None = None,
     ) -> list[list[TextHypothesis]]:
         """Up to `search_cfg.nbest` translations per sentence, best first, in input order.
 
@@ -150,12 +150,48 @@ class Translator:
         `prefixes` (one per sentence, "" for none) are the start of each translation: their
         subwords are forced, and the translations include them. `src_lang`/`tgt_lang`: the
         pair of a multilingual imported model, whose target language token is forced first
-        and left out of the translations. `glossary`: terms the translations must use.
+        and left out of the translations. `glossary`: terms the translations must use; one
+        glossary (or None) per sentence where sentences of several requests are translated
+        together (the server's batches).
 
         Raises:
             GlossaryError: a term found in a sentence is longer than that sentence's output
-                budget (`max_len_a`, `max_len_b`).
+                budget (`max_len_a`, `max_len_b`), or has no subwords the model can write.
         """
+        encoded = self._encode(sentences, prefixes, src_lang, tgt_lang)
+        tokenizer, src_ids, prefix_ids, given = encoded
+        terms = self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
+        hypotheses = self.search_ids(src_ids, progress, prefix_ids, len(given), terms)
+        for nbest in hypotheses:  # the language token is not part of the translation
+            for i, hyp in enumerate(nbest):
+                nbest[i] = hyp._replace(tokens=hyp.tokens[len(given) :])
+        tokens = [hyp.tokens for nbest in hypotheses for hyp in nbest]
+        texts = iter(tokenizer.decode_tgt(tokens) if tokens else [])
+        return [
+            [TextHypothesis(next(texts), hyp.score, hyp.tokens) for hyp in nbest]
+            for nbest in hypotheses
+        ]
+
+    def check_terms(
+        self,
+        sentences: list[str],
+        glossary: Glossary | list[Glossary | None] | None,
+        prefixes: list[str] | None = None,
+    ) -> None:
+        """Raise the `GlossaryError` that `translate_nbest` would raise for these inputs,
+        without searching (the server checks each request before it joins a batch)."""
+        tokenizer, src_ids, prefix_ids, _ = self._encode(sentences, prefixes, None, None)
+        self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
+
+    def _encode(
+        self,
+        sentences: list[str],
+        prefixes: list[str] | None,
+        src_lang: str | None,
+        tgt_lang: str | None,
+    ) -> tuple[Tokenizer, list[list[int]], list[list[int]] | None, list[int]]:
+        """(the pair's tokenizer, source ids, forced target ids or None, the given target
+        ids: a multilingual model's language token, which starts every forced prefix)."""
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not a string")
         tokenizer = self.languages(src_lang, tgt_lang)
@@ -168,33 +204,27 @@ class Translator:
         given = tokenizer.target_prefix()
         if given:
             prefix_ids = [given + ids for ids in prefix_ids or [[] for _ in src_ids]]
-        terms = None
-        if glossary is not None and len(glossary):
-            terms = self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
-        hypotheses = self.search_ids(src_ids, progress, prefix_ids, len(given), terms)
-        for nbest in hypotheses:  # the language token is not part of the translation
-            for i, hyp in enumerate(nbest):
-                nbest[i] = hyp._replace(tokens=hyp.tokens[len(given) :])
-        tokens = [hyp.tokens for nbest in hypotheses for hyp in nbest]
-        texts = iter(tokenizer.decode_tgt(tokens) if tokens else [])
-        return [
-            [TextHypothesis(next(texts), hyp.score, hyp.tokens) for hyp in nbest]
-            for nbest in hypotheses
-        ]
+        return tokenizer, src_ids, prefix_ids, given
 
     def _terms(
         self,
         tokenizer: Tokenizer,
-        glossary: Glossary,
+        glossary: Glossary | list[Glossary | None] | None,
         sentences: list[str],
         src_ids: list[list[int]],
         prefix_ids: list[list[int]] | None,
-    ) -> list[list[list[list[int]]]]:
-        """Per sentence, the glossary's terms found in it, each as its target's variants."""
+    ) -> list[list[list[list[int]]]] | None:
+        """Per sentence, the terms of its glossary found in it, each as its target's variants;
+        None without a glossary."""
+        glossaries = glossary if isinstance(glossary, list) else [glossary] * len(sentences)
+        if len(glossaries) != len(sentences):
+            raise ValueError(f"{len(glossaries)} glossaries for {len(sentences)} sentences")
+        if not any(g is not None and len(g) for g in glossaries):
+            return None
         cfg, found = self.search_cfg, []
         for i, sentence in enumerate(sentences):
-            variants = []
-            for term in glossary.find(sentence) if src_ids[i] else []:
+            variants, own = [], glossaries[i]
+            for term in own.find(sentence) if src_ids[i] and own is not None else []:
                 key = (id(tokenizer), term.target)
                 if key not in self._term_ids:
                     if len(self._term_ids) > 100_000:  # per-request glossaries: stay bounded
@@ -204,6 +234,11 @@ class Translator:
                 budget = math.floor(len(src_ids[i]) * cfg.max_len_a + cfg.max_len_b)
                 budget = max(budget, len(prefix_ids[i]) if prefix_ids else 0)
                 shortest = min(len(v) for v in variants[-1])
+                if shortest == 0:
+                    raise GlossaryError(
+                        f"{term.origin}: the target term {term.target!r} has no subwords the "
+                        "model can write; give a term in the model's target script"
+                    )
                 if shortest > budget:
                     raise GlossaryError(
                         f"{term.origin}: the target term {term.target!r} takes {shortest} "

@@ -8,8 +8,8 @@ with `sentences`, and LibreTranslate's, a JSON object or a form with `q`, in
 page, from `server/static`).
 
 Every error is JSON, `{"error": "<problem>; <fix>"}`. Our API: 400 malformed body, 413 over a
-size limit, 422 unknown or invalid option (an unknown model or language pair included), 429
-queue full; LibreTranslate's API answers LibreTranslate's codes (`libretranslate`). After a
+size limit, 422 unknown or invalid option (an unknown model or language pair, a glossary entry
+that cannot be used included), 429 queue full; LibreTranslate's API answers LibreTranslate's codes (`libretranslate`). After a
 failure of the model call (500) the server keeps serving. Torch-free: the handlers are
 module-level functions that read the `Service` (`service`) from `request.app.state`.
 """
@@ -38,6 +38,7 @@ from attnmt.server.handling import (
     check_output_budget,
     count_route,
     error,
+    job_glossary,
     parse_json,
     read_bytes,
     service_of,
@@ -138,14 +139,16 @@ async def translate(request: Request) -> JSONResponse:
     sentences = _sentences(body, limits)
     prefixes = _prefixes(body, sentences, limits)
     split = split_option(body, False, 422)
+    terms = body.pop("glossary", None)
     model, langs = _our_route(body, service)
     cfg = _options(body, service, model)
     texts = split_ours(sentences, prefixes, cfg.nbest, model, langs[0], limits) if split else None
     if texts is not None:
         sentences = texts.sentences
     check_output_budget(cfg, sentences, model, limits.max_output_tokens)
+    glossary = job_glossary(terms, model, cfg, sentences, prefixes, langs, 422)
     count_route(service, model, "attnmt")
-    job = Job(cfg, sentences, prefixes=prefixes, langs=langs)
+    job = Job(cfg, sentences, prefixes=prefixes, langs=langs, glossary=glossary)
     hyps = await submit(model.batcher, job) if sentences else []
     if texts is not None:  # one translation per text, its sentences' scores summed
         hyps = texts.best(hyps)

@@ -15,6 +15,9 @@ sentences are done: iteration-level scheduling, as vLLM's. Invariants:
 - a job is never split across batches, and a batch holds jobs of one `SearchConfig` and one
   language pair only (jobs with other options or another pair wait, in arrival order, for a
   later batch); a job that samples has a batch of its own (`runs_alone`);
+- jobs with different glossaries share a batch (the translator takes one per sentence), but
+  a job with a glossary neither starts nor joins a stream (streams search without terms),
+  and under greedy search a batch holds at most one job with a glossary (`shares_terms`);
 - every submitted job gets its result or its exception exactly once, also when the server
   shuts down (`close` lets the thread finish every queued job before it returns), unless its
   future was cancelled while it waited: then it is dropped without a model call;
@@ -36,14 +39,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.glossary import Glossary
 
 logger = logging.getLogger(__name__)
 
 # The (source, target) languages a multilingual model is asked for; (None, None) otherwise.
 Langs = tuple[str | None, str | None]
-# translate(cfg, sentences, prefixes, langs) -> one result per sentence, in order (prefixes:
-# one target prefix per sentence, "" for none); attention(cfg, sentence, langs)
-Translate = Callable[[SearchConfig, list[str], list[str], Langs], list[Any]]
+# translate(cfg, sentences, prefixes, langs[, glossaries=...]) -> one result per sentence, in
+# order (prefixes: one target prefix per sentence, "" for none; glossaries: one `Glossary` or
+# None per sentence, passed only when a job of the batch has one); attention(cfg, sentence, langs)
+Translate = Callable[..., list[Any]]
 Attention = Callable[[SearchConfig, str, Langs], Any]
 
 
@@ -70,6 +75,14 @@ def runs_alone(cfg: SearchConfig) -> bool:
     return cfg.sampling
 
 
+def shares_terms(cfg: SearchConfig) -> bool:
+    """Whether jobs with glossaries may share a batch: not under greedy search, whose
+    constrained beam is as wide as the batch's most constrained sentence asks for
+    (`decoding.search.greedy_search`), so that a request's translations would depend on the
+    terms of the requests batched with it; beam search's do not."""
+    return cfg.beam_size > 1
+
+
 class QueueFull(Exception):
     """More jobs are waiting than the server's limit (`--max-queue`)."""
 
@@ -85,6 +98,7 @@ class Job:
     attention: bool = False
     prefixes: list[str] | None = None  # a forced target prefix per sentence (translate only)
     langs: Langs = (None, None)  # the pair a multilingual model is asked for
+    glossary: Glossary | None = None  # terms the translations must use (translate only)
     future: Future = field(default_factory=Future)
 
 
@@ -188,6 +202,7 @@ class Batcher:
             or self.one_request
             or job.attention
             or any(job.prefixes or [])
+            or job.glossary is not None
         ):
             return None
         return self._open_stream(job.cfg, job.langs)
@@ -215,29 +230,35 @@ class Batcher:
 
     def _stream_joining(self, first: Job, size: int) -> list[Job]:
         """The queued jobs, oldest first, that join a stream started by `first` holding `size`
-        sentences: up to the first one of other options, pair or kind, or too big."""
+        sentences: up to the first one of other options, pair or kind, with prefixes or a
+        glossary, or too big."""
         joining: list[Job] = []
         with self._cond:
             while self._pending:
                 job = self._pending[0]
                 same = job.cfg == first.cfg and job.langs == first.langs and not job.attention
                 fits = size + len(job.sentences) <= self.max_sentences or size == 0
-                if not (same and fits and not any(job.prefixes or [])):
+                plain = not any(job.prefixes or []) and job.glossary is None
+                if not (same and fits and plain):
                     break
                 joining.append(self._pending.popleft())
                 size += len(job.sentences)
         return joining
 
     def _take_joining(self, first: Job, batch: list[Job], size: int) -> int:
-        """Move the queued jobs that fit (the options and pair of `first`, room left) into
-        `batch`, keeping the others in order; the sentences added."""
+        """Move the queued jobs that fit (the options and pair of `first`, room left, a
+        glossary only where `shares_terms`) into `batch`, keeping the others in order; the
+        sentences added."""
         added, keep = 0, deque()
+        terms = any(job.glossary is not None for job in batch) and not shares_terms(first.cfg)
         while self._pending:
             job = self._pending.popleft()
             fits = size + added + len(job.sentences) <= self.max_sentences
-            if not job.attention and job.cfg == first.cfg and job.langs == first.langs and fits:
+            same = not job.attention and job.cfg == first.cfg and job.langs == first.langs
+            if same and fits and not (terms and job.glossary is not None):
                 batch.append(job)
                 added += len(job.sentences)
+                terms = terms or (job.glossary is not None and not shares_terms(job.cfg))
             else:
                 keep.append(job)
         self._pending = keep
@@ -257,7 +278,10 @@ class Batcher:
             else:
                 sentences = [s for job in batch for s in job.sentences]
                 prefixes = [p for job in batch for p in job.prefixes or [""] * len(job.sentences)]
-                flat = self._translate(batch[0].cfg, sentences, prefixes, batch[0].langs)
+                terms: dict[str, Any] = {}
+                if any(job.glossary is not None for job in batch):
+                    terms["glossaries"] = [job.glossary for job in batch for _ in job.sentences]
+                flat = self._translate(batch[0].cfg, sentences, prefixes, batch[0].langs, **terms)
                 results, start = [], 0
                 for job in batch:
                     results.append(flat[start : start + len(job.sentences)])

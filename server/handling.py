@@ -1,6 +1,6 @@
 """What the handlers of both APIs (`app`: ours, `libretranslate`: LibreTranslate's) share:
 the error, the service a request is served by, reading a body, the API key, the output
-budget, and handing a job to a model's batcher. Every error is an `HTTPException` whose
+budget, the glossary, and handing a job to a model's batcher. Every error is an `HTTPException` whose
 detail `app` answers as `{"error": detail}`. Torch-free.
 """
 
@@ -14,7 +14,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from attnmt.decoding.config import SearchConfig
-from attnmt.server.batcher import Batcher, Closed, Job, QueueFull
+from attnmt.decoding.glossary import Glossary, GlossaryError
+from attnmt.server.batcher import Batcher, Closed, Job, Langs, QueueFull
 from attnmt.server.keys import KeyRejected
 from attnmt.server.service import ServedModel, Service
 
@@ -90,6 +91,73 @@ def check_output_budget(
             f"options 'max_len_a'/'max_len_b' allow {allowed:.0f} output tokens, the limit is "
             f"{limit} (serve.py --max-output-tokens); lower them",
         )
+
+
+def job_glossary(
+    value: Any,
+    model: ServedModel,
+    cfg: SearchConfig,
+    sentences: list[str],
+    prefixes: list[str] | None,
+    langs: Langs,
+    status: int,
+    prefix: str = "",
+) -> Glossary | None:
+    """The glossary a request's job runs with: the request's `glossary` (`value`: None, or
+    `{"source term": "target term"}`; a form's, `form_field` first) over the model's
+    default (serve.py --glossary), the request's entries winning per source term; None where
+    none of `sentences` holds one of its terms (the job may then join a stream).
+
+    Errors: 400 for a value that is not such an object; `status` (with `prefix`, the API's
+    message start) for an entry `Glossary` rejects (an empty term, one source term given two
+    targets), a term over its sentence's output budget, or terms with sampling.
+    """
+    glossary = model.glossary
+    if value is not None:
+        shape = '{"source term": "target term", ...}'
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise error(400, f"{prefix}'glossary' must be a JSON object of strings, {shape}")
+        if any(not _unicode(k) or not _unicode(v) for k, v in value.items()):
+            raise error(400, f"{prefix}'glossary' holds a lone surrogate; send valid Unicode")
+        try:
+            own = Glossary.from_mapping(value)
+        except GlossaryError as e:
+            raise error(status, f"{prefix}{e}") from None
+        glossary = own if glossary is None else glossary.updated(own)
+    if glossary is None or not any(glossary.find(s) for s in sentences):
+        return None
+    if cfg.sampling:
+        raise error(
+            status,
+            f"{prefix}glossary terms constrain beam or greedy search; drop 'sampling' or the terms",
+        )
+    if model.check_terms is not None:
+        try:
+            model.check_terms(cfg, sentences, prefixes, glossary, langs)
+        except GlossaryError as e:
+            raise error(status, f"{prefix}{e}") from None
+    return glossary
+
+
+def form_field(value: Any) -> Any:
+    """A form's `glossary`, the object as JSON text, decoded ("" counts as absent); what
+    cannot be decoded is left as it is, for `job_glossary` to reject."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        return None
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):
+        return value
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def submit(batcher: Batcher, job: Job) -> Any:

@@ -3,7 +3,8 @@ of texts), `source` (any form of a language code, `data.languages`, or `auto`: d
 among the served languages), `target`,
 `format` (`text`: each line; `html`: each text node, markup kept), `alternatives` and our
 `split_sentences` (default true: each line or text node is split into sentences, as
-LibreTranslate does), as a JSON object or a form (`application/x-www-form-urlencoded` or
+LibreTranslate does) and `glossary` (`{"source term": "target term"}`, in a form as JSON text;
+`handling.job_glossary`), as a JSON object or a form (`application/x-www-form-urlencoded` or
 `multipart/form-data`, whose repeated `q` fields make a list); `GET /languages`;
 `POST /detect`; `GET /frontend/settings`; `POST /translate_file` (a .txt, .html or .docx
 file, `server.documents`) and `GET /download_file/{name}`, where its translation waits.
@@ -36,6 +37,8 @@ from attnmt.server.handling import (
     check_output_budget,
     count_route,
     error,
+    form_field,
+    job_glossary,
     parse_json,
     read_bytes,
     service_of,
@@ -118,17 +121,22 @@ async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONR
     if fields.alternatives:
         n = fields.alternatives + 1
         cfg = replace(cfg, beam_size=max(cfg.beam_size, n), nbest=n)
-    hyps = await _translated(service, model, Job(cfg, texts.sentences, langs=langs))
+    job = Job(cfg, texts.sentences, langs=langs)
+    terms = form_field(body.get("glossary")) if form else body.get("glossary")
+    hyps = await _translated(service, model, job, terms)
     return JSONResponse(_answer(fields, texts, hyps, detected))
 
 
-async def _translated(service: Service, model: ServedModel, job: Job) -> list[Any]:
-    """The job's n-best lists from `model`, in LibreTranslate's error codes: 400 over the
-    output budget, 500 a failed translation (429/503 as `submit` says)."""
+async def _translated(service: Service, model: ServedModel, job: Job, terms: Any) -> list[Any]:
+    """The job's n-best lists from `model`, with the request's glossary (`terms`) over the
+    model's, in LibreTranslate's error codes: 400 over the output budget or for a glossary
+    that cannot be used, 500 a failed translation (429/503 as `submit` says)."""
     try:
         check_output_budget(job.cfg, job.sentences, model, service.limits.max_output_tokens)
     except HTTPException as e:
         raise error(400, f"Invalid request: {e.detail}") from None
+    invalid = "Invalid request: "
+    job.glossary = job_glossary(terms, model, job.cfg, job.sentences, None, job.langs, 400, invalid)
     count_route(service, model, "libretranslate")
     try:
         return await submit(model.batcher, job) if job.sentences else []
@@ -210,7 +218,7 @@ async def frontend_settings(request: Request) -> JSONResponse:
 
 async def translate_file(request: Request) -> JSONResponse:
     """LibreTranslate's `POST /translate_file`: a multipart form with `file`, `source` (or
-    `auto`), `target`; answers `{"translatedFileUrl": ...}`, where `GET /download_file`
+    `auto`), `target` (and our `glossary`, as JSON text); answers `{"translatedFileUrl": ...}`, where `GET /download_file`
     serves the translation (`server.documents`). Each paragraph (a .txt line, an HTML text
     node, a .docx paragraph) is split into sentences; --max-chars bounds a paragraph, and
     --max-sentences times --max-chars the file's text."""
@@ -230,9 +238,8 @@ async def translate_file(request: Request) -> JSONResponse:
         model, langs = routed
         texts = Texts(parsed.texts, source_language(model.sources, source), True, parsed.fmt)
         _check_file(texts, parsed, service)
-        hyps = await _translated(
-            service, model, Job(service.defaults_for(model), texts.sentences, langs=langs)
-        )
+        job = Job(service.defaults_for(model), texts.sentences, langs=langs)
+        hyps = await _translated(service, model, job, form_field(form.get("glossary")))
         translated = texts.render([nbest[0][0] for nbest in hyps])
     try:
         written = await asyncio.to_thread(parsed.write, translated)

@@ -15,6 +15,17 @@ from attnmt.server.documents import FORMATS
 from attnmt.server.options import INT_RANGE, option_names
 from attnmt.server.service import Limits, ServedModel, Service
 
+# A request's glossary: source term -> target term (empty terms are 422/400: not said here).
+GLOSSARY = {
+    "type": "object",
+    "additionalProperties": {"type": "string"},
+    "nullable": True,
+    "description": 'terms the translations must use, {"source term": "target term"}; '
+    "over the model's default glossary (serve.py --glossary), entry by entry",
+}
+# ... in a form: that object as JSON text
+GLOSSARY_TEXT = {"type": "string", "description": "the glossary, a JSON object as text"}
+
 ERROR = {
     "type": "object",
     "properties": {"error": {"type": "string", "description": "the problem and its fix"}},
@@ -141,6 +152,7 @@ def _our_requests(
                 "description": "each of sentences is a text that may hold several sentences: "
                 "split, translated and rejoined (not with prefixes or nbest > 1)",
             },
+            "glossary": GLOSSARY,
             **routing,
             **options,
         },
@@ -205,13 +217,18 @@ def _libretranslate_requests(
                 "description": "the text (its lines, or its text nodes for html, are sentences)",
             },
             **lt_fields,
+            "glossary": GLOSSARY,
         },
     }
     lt_form = {
         "type": "object",
         "required": ["q", "source", "target"],
         "anyOf": lt_pairs,
-        "properties": {"q": {"type": "string", "minLength": 1}, **lt_fields},
+        "properties": {
+            "q": {"type": "string", "minLength": 1},
+            **lt_fields,
+            "glossary": GLOSSARY_TEXT,
+        },
     }
     return libretranslate, lt_form
 
@@ -284,7 +301,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "a malformed body; LibreTranslate: any request it cannot take",
         403: "a missing or unknown API key (with --api-keys)",
         413: "over --max-sentences, --max-chars or the body size",
-        422: "an unknown or invalid option, model or language pair",
+        422: "an unknown or invalid option, model, language pair or glossary entry",
         429: "a key over its rate, or --max-queue requests waiting",
         500: "the model call failed (the server goes on)",
         503: "the server is shutting down",
@@ -374,6 +391,7 @@ def _libretranslate_schemas() -> dict[str, dict[str, Any]]:
             "source": {"type": "string", "description": "source language or auto"},
             "target": {"type": "string"},
             "api_key": key,
+            "glossary": GLOSSARY_TEXT,
         },
     }
     named = {"code": {"type": "string"}, "name": {"type": "string"}}

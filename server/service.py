@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from attnmt.data.languages import describe_codes, is_multilingual, listed_codes, resolve
 from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.glossary import Glossary
 from attnmt.server.batcher import Batcher
 from attnmt.server.documents import FileStore
 from attnmt.server.keys import KeyRing
@@ -47,6 +48,11 @@ class ServedModel:
     # What a request that names no search option gets: the model's run decoding (as
     # translate.py -c does) with serve.py's flags applied; None: the server's defaults.
     defaults: SearchConfig | None = None
+    # The deployer's glossary (serve.py --glossary): a request's own entries override it.
+    glossary: Glossary | None = None
+    # check_terms(cfg, sentences, prefixes, glossary, langs): raises the `GlossaryError` that
+    # translating would (a term over its sentence's output budget); None: no check.
+    check_terms: Callable[..., None] | None = None
 
     @property
     def multilingual(self) -> bool:
