@@ -115,6 +115,7 @@ def test_libretranslate_takes_the_glossary_as_json_form_and_with_a_file(server: 
         ({"": "Vierbeiner"}, 422, "glossary entry '': the source term is empty"),
         ({"Fahrrad": " "}, 422, "glossary entry 'Fahrrad': the target term is empty"),
         ({"Fahrrad": "Rad", "fahrrad": "Zweirad"}, 422, "'fahrrad' is already mapped to 'Rad'"),
+        ({"Fahrrad": "\u200b"}, 422, "'\\u200b' has no subwords the model can write"),
         ({"Fahrrad": 3}, 400, "'glossary' must be a JSON object of strings"),
         ([["Fahrrad", "Rad"]], 400, "'glossary' must be a JSON object of strings"),
         ("Fahrrad\tRad", 400, "'glossary' must be a JSON object of strings"),
