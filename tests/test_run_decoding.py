@@ -80,6 +80,7 @@ def test_translate_py_without_search_flags_reproduces_results_json_to_the_digit(
     assert today.stdout != proc.stdout  # the record changes what is printed
 
 
+@pytest.mark.slow  # four translate.py processes
 def test_a_flag_overrides_its_field_and_the_others_stay_the_runs(run: Path, tmp_path: Path):
     bare = tmp_path / "bare.pt"  # no record: every field comes from the flags
     ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
@@ -96,6 +97,7 @@ def test_a_flag_overrides_its_field_and_the_others_stay_the_runs(run: Path, tmp_
     assert "5 sentences a batch, fp32 (" in fp32.stderr
 
 
+@pytest.mark.slow  # four translate.py processes
 def test_a_checkpoint_without_a_record_decodes_with_todays_defaults(run: Path, tmp_path: Path):
     """A checkpoint written before runs recorded their decoding still loads (weights_only) and
     decodes as translate.py did then, without a word about the run's decoding."""
