@@ -395,15 +395,13 @@ def test_inter_threads_search_batches_at_once_with_the_same_output(
     barrier = threading.Barrier(2, timeout=30)
     search = Translator._search
 
-    def spy(
-        self: Translator, batch: list[list[int]], prefix: list | None = None, given: int = 0
-    ) -> list:
+    def spy(self: Translator, batch: list[list[int]], *args: object, **kwargs: object) -> list:
         seen.append(
             (threading.get_ident(), torch.get_num_threads(), torch.is_autocast_enabled("cpu"))
         )
         if len(seen) <= 2:
             barrier.wait()  # raises BrokenBarrierError unless two batches run concurrently
-        return search(self, batch, prefix, given)
+        return search(self, batch, *args, **kwargs)
 
     monkeypatch.setattr(Translator, "_search", spy)
     translator = Translator(model, tokenizer, cfg, inter_threads=2)
