@@ -13,6 +13,8 @@ from typing import Any, Literal, get_args
 
 LengthPenaltyType = Literal["fairseq", "gnmt"]
 LP_TYPES: tuple[str, ...] = get_args(LengthPenaltyType)
+# Usual alphas are 0.6-2; beyond this, length**alpha overflows a float for long outputs.
+MAX_LENGTH_PENALTY = 20.0
 
 
 def _option(default: Any, help: str, minimum: float | None = None, flag: str = "") -> Any:
@@ -65,6 +67,11 @@ class SearchConfig:
                 raise ValueError(f"{f.name} must be >= {minimum}, got {getattr(self, f.name)}")
         if self.nbest > self.beam_size and not self.sampling:
             raise ValueError(f"nbest must be in 1..beam_size={self.beam_size}, got {self.nbest}")
+        if not abs(self.length_penalty) <= MAX_LENGTH_PENALTY:  # len**alpha stays a float
+            raise ValueError(
+                f"length_penalty must be in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}], "
+                f"got {self.length_penalty}"
+            )
         if not 0 < self.topp <= 1:
             raise ValueError(f"topp must be in (0, 1], got {self.topp}")
         if self.temperature <= 0:
