@@ -158,11 +158,13 @@ def unmet(cons: ConstraintSet, packed: Tensor) -> Tensor:
 
 
 def mask_glued(cons: ConstraintSet, packed: Tensor, lprobs: Tensor) -> Tensor:
-    """Rows whose last token completed a term may not continue its word.
+    """Rows whose last token completed a term may not continue its word (in place: only
+    those few rows are touched, not all N x V).
 
     Shape: lprobs (N, V) -> (N, V)."""
-    ended = unpack(cons, packed).ended.unsqueeze(1)  # (N, 1)
-    return lprobs.masked_fill(ended & cons.glued.unsqueeze(0), float("-inf"))
+    rows = unpack(cons, packed).ended.nonzero().squeeze(1)  # (R,)
+    masked = lprobs.index_select(0, rows).masked_fill_(cons.glued.unsqueeze(0), float("-inf"))
+    return lprobs.index_copy_(0, rows, masked)
 
 
 def _next_expected(cons: ConstraintSet, prog: Tensor) -> Tensor:

@@ -38,11 +38,15 @@ Conventions (fairseq's `SequenceGenerator`, simplified):
 - Lexical constraints (terms each output must use; `decoding.constraints`) take their own
   path through beam search (`_constrained_candidates`: dynamic beam allocation); without them
   the search runs exactly as before. Greedy search with constraints is that beam search.
+  Only hypotheses that use every term may end, so K finished ones come slowly: a constrained
+  sentence is also done once no live hypothesis can score above its `nbest`-th finished one
+  (`_cannot_improve`), which returns exactly the n-best list of running on to K.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
@@ -533,6 +537,9 @@ class _Beams:
     n_finished: Tensor  # (B,) finished hypotheses per sentence
     max_len: Tensor  # (B,) output budget per sentence
     state: Tensor | None = None  # (B * k, W) constraint state per hypothesis, or None
+    # constraints: the `nbest` best scores of finished hypotheses that use every term, per
+    # sentence, best first (-inf where fewer have finished); None without constraints
+    kept: Tensor | None = None  # (B, nbest), float64 once set, as `Hypothesis.score`
 
 
 class _Candidates(NamedTuple):
@@ -584,6 +591,7 @@ def beam_search(
         n_finished=torch.zeros(B, dtype=torch.long, device=device),
         max_len=batch.max_len,
         state=None if constraints is None else lexical.initial_state(constraints),
+        kept=None if constraints is None else torch.full((B, cfg.nbest), -math.inf, device=device),
     )
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
     missed: list[list[Hypothesis]] = [[] for _ in range(B)]  # constraints: a term missing
@@ -602,6 +610,8 @@ def beam_search(
         accept = _accept_eos(cands, beams.n_finished, beam_size, special.eos)  # (B, K)
         beams.n_finished += accept.sum(dim=1)
         done = beams.n_finished.ge(beam_size) | beams.max_len.lt(step)  # (B,)
+        if batch.constraints is not None:
+            done |= _cannot_improve(batch.constraints, beams, cands, accept, step, cfg, special.eos)
         flags = torch.cat([accept, done.unsqueeze(1)], dim=1).cpu()  # (B, K + 1): one sync
         if flags[:, :-1].any():
             penalty = length_penalty_divisor(step, cfg.length_penalty, cfg.lp_type)
@@ -666,6 +676,49 @@ def _constrained_candidates(
     return _Candidates(total.gather(1, order), order // c, flat_tokens, picked_state)
 
 
+def _cannot_improve(
+    cons: lexical.ConstraintSet,
+    beams: _Beams,
+    cands: _Candidates,
+    accept: Tensor,
+    step: int,
+    cfg: SearchConfig,
+    eos: int,
+) -> Tensor:
+    """(B,) bool: sentences whose `nbest` best finished hypotheses (all terms used) are final.
+
+    Updates `beams.kept` with this step's accepted hypotheses that use every term. A live
+    hypothesis's log-probability only falls as it grows, and it ends with at most
+    `max_len + 1` tokens (EOS included), so its final score is at most
+    `log_prob / max(divisor(step + 1), divisor(max_len + 1))` (the divisor is monotone in the
+    length). Where that bound of every non-EOS candidate (the live hypotheses are among them)
+    is below the `nbest`-th kept score, no later hypothesis can enter the n-best list: stopping
+    returns exactly what the search would return had it run on to `beam_size` finished ones.
+
+    Shape: accept (B, K) bool -> (B,) bool.
+    """
+    assert beams.kept is not None and cands.state is not None
+    B, K = accept.shape
+    state = cands.state[:, :K].reshape(B * K, -1)  # (B * K, W)
+    met = accept & ~lexical.unmet(cons.rows(B * K), state).view(B, K)  # (B, K)
+    penalty = length_penalty_divisor(step, cfg.length_penalty, cfg.lp_type)  # this step's
+    new = (cands.scores[:, :K].double() / penalty).masked_fill(~met, float("-inf"))  # (B, K)
+    kept = torch.cat([beams.kept.double(), new], dim=1).topk(beams.kept.size(1), dim=1).values
+    beams.kept = kept  # (B, nbest)
+    shortest = length_penalty_divisor(step + 1, cfg.length_penalty, cfg.lp_type)
+    divisor = _divisors(beams.max_len.double() + 1, cfg).clamp(min=shortest)  # (B,)
+    live = cands.scores.masked_fill(cands.tokens.eq(eos), float("-inf"))  # (B, C)
+    best_live = live.max(dim=1).values.double() / divisor  # (B,)
+    return best_live.lt(kept[:, -1])
+
+
+def _divisors(lengths: Tensor, cfg: SearchConfig) -> Tensor:
+    """`length_penalty_divisor` of each of `lengths` (float, EOS included)."""
+    if cfg.lp_type == "gnmt":
+        return ((5 + lengths) / 6) ** cfg.length_penalty
+    return lengths**cfg.length_penalty
+
+
 def _accept_eos(cands: _Candidates, n_finished: Tensor, beam_size: int, eos: int) -> Tensor:
     """(B, K) bool: the EOS candidates ranked in the top K that finish a hypothesis.
 
@@ -714,7 +767,7 @@ def _advance(
     keep_cpu = (~done).nonzero().squeeze(1)  # (B',)
     if keep_cpu.numel() == 0:
         empty = beams.n_finished[:0]
-        return batch, _Beams(keep_cpu, beams.scores[:0], beams.tokens[:0], empty, empty, None)
+        return batch, _Beams(keep_cpu, beams.scores[:0], beams.tokens[:0], empty, empty)
     pruned = keep_cpu.numel() < B
     device = beams.scores.device
     keep = keep_cpu.to(device) if pruned else torch.arange(B, device=device)  # (B',)
@@ -732,14 +785,16 @@ def _advance(
     elif k > 1 or picked.size(1) != k:  # beams re-ranked or widened (one beam never moves)
         _reorder_beams(batch.caches, rows)
     new_tokens = torch.cat([beams.tokens.index_select(0, rows), tokens.view(-1, 1)], dim=1)
-    n_finished, max_len = beams.n_finished, beams.max_len
+    n_finished, max_len, kept = beams.n_finished, beams.max_len, beams.kept
     if pruned:
         n_finished, max_len = n_finished.index_select(0, keep), max_len.index_select(0, keep)
+        kept = None if kept is None else kept.index_select(0, keep)
     state = None
     if cands.state is not None:  # (B' * K, W): each kept candidate's constraint state
         width = cands.state.size(2)
         state = cands.state.gather(1, picked.unsqueeze(2).expand(-1, -1, width)).view(-1, width)
-    return batch, _Beams(beams.sent_ids[keep_cpu], scores, new_tokens, n_finished, max_len, state)
+    sent_ids = beams.sent_ids[keep_cpu]
+    return batch, _Beams(sent_ids, scores, new_tokens, n_finished, max_len, state, kept)
 
 
 def _nbest(

@@ -11,12 +11,13 @@ import torch
 
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding import constraints as lexical
+from attnmt.decoding import search
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.ensemble import Ensemble
 from attnmt.decoding.glossary import Glossary, GlossaryError, uses_term
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
-from tests.helpers_decoding import PAIRS
+from tests.helpers_decoding import PAIRS, SPECIAL, ScriptedModel, random_sources
 from tests.test_translate_cli import run_cli
 
 SOURCES = [src for _, src in PAIRS[:8]]  # English sides: "A man rides a bike.", ...
@@ -117,6 +118,48 @@ def test_allocation_fills_the_beam_round_robin_over_banks() -> None:
     order = lexical.allocate(scores, banks, 6, 3)
     # the best of bank 2, 1, 0; then the second best of bank 2, 0; the -inf one last
     assert order.tolist() == [[3, 2, 0, 4, 1, 5]]
+
+
+def test_glued_pieces_are_masked_only_after_a_completed_term() -> None:
+    cons = _toy_set([[[[5]]]]).rows(3)
+    state = lexical.initial_state(cons)
+    state[1, -1] = 1  # row 1's last token completed a term
+    lprobs = torch.zeros(3, 20)
+    masked = lexical.mask_glued(cons, state, lprobs.clone())
+    assert masked[1, 9] == float("-inf") and masked[1].isfinite().sum() == 19  # glued piece 9
+    assert masked[[0, 2]].eq(0).all()
+
+
+# ------------------------------------------------------------------------------ search
+
+
+def _ends_after_the_term() -> ScriptedModel:
+    """Term token 5 first (p 0.5), then EOS (p 0.9); or 7, 5, EOS: those two hypotheses win by
+    far, while every other path is near-uniform over 20 tokens and ends (EOS p 1/20) only by
+    chance."""
+    script = {(): {5: 0.5, 7: 0.45}, (5,): {3: 0.9}, (7,): {5: 0.9}, (7, 5): {3: 0.9}}
+    return ScriptedModel(20, script)
+
+
+@pytest.mark.parametrize("nbest", [1, 2])
+def test_a_sentence_stops_once_no_live_hypothesis_can_win(
+    monkeypatch: pytest.MonkeyPatch, nbest: int
+) -> None:
+    """Early stop under constraints: once no live hypothesis, even at the longest length the
+    budget allows, could score above the nbest-th finished one, the sentence is done; the
+    results are those of running on to `beam_size` finished hypotheses."""
+    src = random_sources([10])
+    cons = _toy_set([[[[5]]]])
+    cfg = SearchConfig(beam_size=3, nbest=nbest, max_len_a=0, max_len_b=8)
+    stopping = _ends_after_the_term()
+    early = search.beam_search(stopping, src, SPECIAL, cfg, constraints=cons)
+    monkeypatch.setattr(search, "_cannot_improve", lambda beams, *_: torch.zeros(1, dtype=bool))
+    running = _ends_after_the_term()
+    full = search.beam_search(running, src, SPECIAL, cfg, constraints=cons)
+    assert early.hypotheses == full.hypotheses
+    assert [hyp.tokens for hyp in early.hypotheses[0]] == [[7, 5], [5]][:nbest]
+    assert len(running.rows_per_step) == 9  # a third hypothesis ends only at the budget
+    assert len(stopping.rows_per_step) == 3  # 7 5 EOS: no live one can reach the nbest-th
 
 
 # ------------------------------------------------------------------------------ search
