@@ -148,6 +148,7 @@ def _our_requests(
             },
             "split_sentences": {
                 "type": "boolean",
+                "nullable": True,  # null: the default
                 "default": False,
                 "description": "each of sentences is a text that may hold several sentences: "
                 "split, translated and rejoined (not with prefixes or nbest > 1)",
@@ -199,6 +200,7 @@ def _libretranslate_requests(
         "api_key": {"type": "string"},
         "split_sentences": {
             "type": "boolean",
+            "nullable": True,  # null: the default
             "default": True,
             "description": "split each line or text node into sentences before translating",
         },
