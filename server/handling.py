@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -59,7 +60,13 @@ def parse_json(data: bytes) -> dict[str, Any]:
         raise error(400, "the body is nested too deeply; send a flat JSON object") from None
     if not isinstance(body, dict):
         raise error(400, 'the body must be a JSON object, e.g. {"sentences": [...]}')
+    # JSON may escape a lone UTF-16 surrogate (\ud800); no tokenizer or splitter takes one.
+    if _SURROGATE_ESCAPE.search(data) and not _unicode(json.dumps(body, ensure_ascii=False)):
+        raise error(400, "the body holds a lone surrogate (\\ud800-\\udfff); send valid Unicode")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def check_key(body: dict[str, Any], request: Request, service: Service) -> None:
