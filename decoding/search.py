@@ -63,6 +63,14 @@ logger = logging.getLogger(__name__)
 GREEDY_CONSTRAINED_BEAM = 8  # the widest beam greedy search uses for constraints
 
 
+def greedy_constrained_width(n_banks: int) -> int:
+    """The beam greedy search runs for sentences with terms: one hypothesis per bank (1 + the
+    constraint tokens of the batch's most constrained sentence), 2 to `GREEDY_CONSTRAINED_BEAM`.
+    A sentence's translation depends on this width, so batches mix only sentences of one
+    width (`Translator`)."""
+    return max(2, min(n_banks, GREEDY_CONSTRAINED_BEAM))
+
+
 class SpecialTokens(Protocol):
     """The special ids search needs (`data.tokenizer.SpecialIds` satisfies it)."""
 
@@ -443,7 +451,7 @@ def greedy_search(
         src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
     """
     if constraints is not None:
-        width = max(2, min(constraints.n_banks, GREEDY_CONSTRAINED_BEAM))
+        width = greedy_constrained_width(constraints.n_banks)
         cfg = replace(cfg, beam_size=width, nbest=1)
         return beam_search(model, src_ids, special, cfg, prefix, given, constraints)
 

@@ -189,6 +189,24 @@ def test_every_found_term_is_in_the_translation(model, tokenizer: Tokenizer, bea
     assert sum(bool(_expected(s)) for s in SOURCES) >= 4
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_sentence_translates_alike_alone_and_beside_more_constrained_ones(
+    model,  # noqa: ANN001
+    tokenizer: Tokenizer,
+    beam: int,
+) -> None:
+    """Greedy search with terms is a beam as wide as a sentence's terms need: a batch never
+    widens it for a sentence of fewer terms (one glossary per sentence, as the server sends)."""
+    few = Glossary.from_mapping({"man": "Hund"})
+    many = Glossary.from_mapping({"man": "Kaffee", "rides": "Sofa", "bike": "Hund"})
+    sentence = "A man rides a bike."
+    translator = Translator(Engine(model), tokenizer, SearchConfig(beam_size=beam))
+    alone = translator.translate([sentence], glossary=few)
+    beside = translator.translate([sentence, sentence], glossary=[few, many])
+    assert beside[0] == alone[0] and uses_term(alone[0], "Hund")
+    assert all(uses_term(beside[1], t) for t in ("Kaffee", "Sofa", "Hund"))
+
+
 def test_ensembles_and_int8_use_the_terms(model, tokenizer: Tokenizer) -> None:  # noqa: ANN001
     for searched in (Ensemble([Engine(model), Engine(model)]), Engine(model, "int8")):
         translator = Translator(searched, tokenizer, SearchConfig(beam_size=3))
