@@ -26,7 +26,6 @@ from attnmt.decoding.search import (
     Hypothesis,
     SearchConfig,
     beam_search,
-    greedy_constrained_width,
     greedy_search,
     prefix_tensor,
     sample_search,
@@ -317,7 +316,7 @@ class Translator:
             for i, nbest in zip(free, found, strict=True):
                 results[i] = nbest
         sources = [src_ids[i] for i in bound]
-        batches = self._constrained_batches(sources, [terms[i] for i in bound])
+        batches = length_sorted_batches(sources, self.search_cfg.batch_size)
         prefixes, bound_terms = subset(prefix_ids, bound), subset(terms, bound)
         with self._eval_mode():
             searched = self._search_all(sources, batches, prefixes, given, bound_terms)
@@ -327,25 +326,6 @@ class Translator:
                 if progress is not None:
                     progress(len(chunk))
         return results
-
-    def _constrained_batches(
-        self, sources: list[list[int]], terms: list[list[list[list[int]]]]
-    ) -> list[list[int]]:
-        """Length-sorted batches of sentences with terms; for greedy search, of one beam width
-        each (`greedy_constrained_width` of the sentence alone), so a sentence's translation
-        does not depend on the others in its batch."""
-        size = self.search_cfg.batch_size
-        if self.search_cfg.beam_size > 1:
-            return length_sorted_batches(sources, size)
-        groups: dict[int, list[int]] = {}
-        for i, sentence in enumerate(terms):
-            banks = 1 + sum(min(len(v) for v in variants) for variants in sentence)
-            groups.setdefault(greedy_constrained_width(banks), []).append(i)
-        batches = []
-        for picked in groups.values():
-            for batch in length_sorted_batches([sources[i] for i in picked], size):
-                batches.append([picked[j] for j in batch])
-        return batches
 
     def _continuous(self) -> bool:
         """Whether greedy search runs with continuous batching: a model that offers it (an
