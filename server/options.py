@@ -9,6 +9,7 @@ request may not set it. Torch-free.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from dataclasses import fields, replace
@@ -41,8 +42,7 @@ def search_config(options: dict[str, Any], defaults: SearchConfig) -> SearchConf
         OptionError: a key that is not an option, a value of the wrong type, or a value that
             `SearchConfig` rejects (e.g. nbest > beam_size); the message names the key.
     """
-    hints = get_type_hints(type(defaults))
-    known = option_names(type(defaults))
+    hints, known = _fields(type(defaults))
     values = {}
     for key, value in options.items():
         if key in SERVER_OWNED:
@@ -54,6 +54,13 @@ def search_config(options: dict[str, Any], defaults: SearchConfig) -> SearchConf
         return replace(defaults, **values)
     except (TypeError, ValueError) as e:
         raise OptionError(f"invalid options: {e}") from None
+
+
+@functools.cache
+def _fields(config_type: type) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The field annotations of `config_type` and its option names, resolved once per type
+    (`get_type_hints` evaluates every annotation string: too slow for each request)."""
+    return get_type_hints(config_type), tuple(option_names(config_type))
 
 
 def as_dict(cfg: SearchConfig) -> dict[str, Any]:
