@@ -24,11 +24,11 @@ import pytest
 
 from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.common.errors import UserError
+from attnmt.data.languages import is_multilingual, language_name, model_languages
 from attnmt.decoding.config import SearchConfig
 from attnmt.server.batcher import Batcher
 from attnmt.server.html import Document
 from attnmt.server.keys import KeyRejected, KeyRing
-from attnmt.data.languages import is_multilingual, language_name, model_languages
 from attnmt.server.libretranslate import language_list
 from attnmt.server.service import Limits, RoutingError, ServedModel, Service
 from tests.conftest import make_tiny_model
