@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from attnmt.cli.args import Parser, number, program_name
-from attnmt.cli.translate import add_runtime_flags
+from attnmt.cli.translate import add_runtime_flags, add_search_flags
 from attnmt.common.errors import UserError, exit_status
 
 PROG = program_name("distill.py")
@@ -51,20 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for the distilled corpus: train.<src> as given, train.<tgt> the "
         "teacher's translations, the other files copied",
     )
-    add(
-        "--beam",
-        type=number(int, 1),
-        default=5,
-        metavar="N",
-        help="the teacher's beam (Kim & Rush 2016: beam search output) (default: 5)",
-    )
-    add(
-        "--batch-size",
-        type=number(int, 1),
-        default=64,
-        metavar="N",
-        help="sentences per search batch (default: 64)",
-    )
     add("--src-lang", metavar="CODE", help="source language (default: the teacher run's)")
     add("--tgt-lang", metavar="CODE", help="target language (default: the teacher run's)")
     add(
@@ -76,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "most one chunk (default: 10000)",
     )
     add("--threads", type=number(int, 1), metavar="N", help="torch CPU threads (default: torch's)")
+    add_search_flags(parser)  # --beam, ...: as translate.py, the first teacher run's by default
     add_runtime_flags(parser)
     return parser
 
@@ -84,9 +72,13 @@ def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
     """(source, target) from the flags, else from the first teacher's training config."""
     if args.src_lang and args.tgt_lang:
         return args.src_lang, args.tgt_lang
-    from attnmt.checkpoint import load_checkpoint
+    import torch
 
-    config = load_checkpoint(args.teacher[0]).get("config") or {}
+    from attnmt.checkpoint import resolve_checkpoint
+
+    # load_engine checks the file; mmap reads only the entries looked at
+    stored = torch.load(resolve_checkpoint(args.teacher[0]), mmap=True, weights_only=True)
+    config = stored.get("config") or {}
     data = config.get("data") or {}
     src, tgt = args.src_lang or data.get("src_lang"), args.tgt_lang or data.get("tgt_lang")
     if not src or not tgt:
@@ -98,9 +90,8 @@ def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from attnmt.cli.translate import load_model
+    from attnmt.cli.translate import load_model, run_decoding, search_config
     from attnmt.common import runtime
-    from attnmt.decoding.config import SearchConfig
     from attnmt.decoding.translator import Translator
     from attnmt.training.distill import distill_corpus
 
@@ -108,9 +99,10 @@ def run(args: argparse.Namespace) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    src, tgt = teacher_languages(args)
-    cfg = SearchConfig(beam_size=args.beam, batch_size=args.batch_size)
+    flags = search_config(args)
     model, tokenizer, device = load_model(args, args.teacher)
+    src, tgt = teacher_languages(args)
+    cfg, precision, _ = run_decoding(args, flags, args.teacher[0], device)
     if tokenizer.languages:  # a multilingual imported teacher: its codes for this pair
         tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
     translator = Translator(model, tokenizer, cfg, device)
@@ -118,13 +110,13 @@ def run(args: argparse.Namespace) -> None:
         "teachers": [str(Path(t).resolve()) for t in args.teacher],
         "src_lang": src,
         "tgt_lang": tgt,
-        "beam": args.beam,
-        "precision": args.precision,
+        "search": asdict(cfg),
+        "precision": precision,
         "quantize": args.quantize,
     }
 
     def translate(lines: list[str]) -> list[str]:
-        with runtime.autocast(translator.device.type, args.precision):
+        with runtime.autocast(translator.device.type, precision):
             return translator.translate(lines)
 
     def log(line: str) -> None:

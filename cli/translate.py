@@ -34,7 +34,7 @@ from typing import (
 from attnmt.cli.args import Parser, number, program_name
 from attnmt.common.errors import UserError, exit_status
 from attnmt.common.files import atomic_open, read_lines
-from attnmt.decoding.config import RunDecoding, SearchConfig
+from attnmt.decoding.config import PRECISIONS, RunDecoding, SearchConfig
 from attnmt.decoding.glossary import Glossary
 from attnmt.decoding.inputs import AlignedLines, Input, open_aligned, open_input
 
@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # heavy imports (torch) wait until the flags and inputs are c
     from attnmt.decoding.translator import TextHypothesis, Translator
 
 PROG = program_name("translate.py")
-PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE = ("none", "int8")
 
 # What the command line adds to a field's help (the output format is the CLI's business).

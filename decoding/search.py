@@ -49,7 +49,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -129,9 +129,10 @@ class SearchResult:
 
 
 def length_penalty_divisor(
-    length: int, alpha: float, lp_type: LengthPenaltyType = "fairseq"
-) -> float:
-    """Divisor of a hypothesis's log-probability; `length` counts tokens including EOS."""
+    length: Any, alpha: float, lp_type: LengthPenaltyType = "fairseq"
+) -> Any:
+    """Divisor of a hypothesis's log-probability; `length` counts tokens including EOS (an int,
+    or a float tensor of lengths)."""
     if lp_type == "fairseq":
         return length**alpha  # fairseq: score / len ** lenpen
     if lp_type == "gnmt":
@@ -710,17 +711,12 @@ def _cannot_improve(
     kept = torch.cat([beams.kept.double(), new], dim=1).topk(beams.kept.size(1), dim=1).values
     beams.kept = kept  # (B, nbest)
     shortest = length_penalty_divisor(step + 1, cfg.length_penalty, cfg.lp_type)
-    divisor = _divisors(beams.max_len.double() + 1, cfg).clamp(min=shortest)  # (B,)
+    lengths = beams.max_len.double() + 1  # EOS included; tensors broadcast like ints
+    divisor = length_penalty_divisor(lengths, cfg.length_penalty, cfg.lp_type)
+    divisor = divisor.clamp(min=shortest)  # (B,)
     live = cands.scores.masked_fill(cands.tokens.eq(eos), float("-inf"))  # (B, C)
     best_live = live.max(dim=1).values.double() / divisor  # (B,)
     return best_live.lt(kept[:, -1])
-
-
-def _divisors(lengths: Tensor, cfg: SearchConfig) -> Tensor:
-    """`length_penalty_divisor` of each of `lengths` (float, EOS included)."""
-    if cfg.lp_type == "gnmt":
-        return ((5 + lengths) / 6) ** cfg.length_penalty
-    return lengths**cfg.length_penalty
 
 
 def _accept_eos(cands: _Candidates, n_finished: Tensor, beam_size: int, eos: int) -> Tensor:

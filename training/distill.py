@@ -16,7 +16,6 @@ resumed run's output equals an uninterrupted run's, line for line.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -26,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from attnmt.common.errors import UserError
-from attnmt.common.files import atomic_write, iter_lines
+from attnmt.common.files import atomic_write
+from attnmt.data.dataset import iter_corpus_lines
 
 STATE_DIR = ".distill"  # OUT's work folder while a distillation is unfinished
 SETTINGS_FILE = "distill.json"  # what made the corpus, beside it in OUT once done
 
 
 def corpus_file(folder: Path, split: str, lang: str) -> Path:
-    """`folder/<split>.<lang>`, or its `.gz`, whichever exists (the loader reads both)."""
+    """`folder/<split>.<lang>`, or its `.gz` (the loader reads both; the plain one first)."""
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
         if (folder / name).is_file():
             return folder / name
@@ -41,13 +41,6 @@ def corpus_file(folder: Path, split: str, lang: str) -> Path:
         f"{folder} has no {split}.{lang} (or .gz); --data-dir must be a corpus folder of "
         f"<split>.<lang> files holding {split}.{lang}"
     )
-
-
-def read_corpus_lines(path: Path) -> list[str]:
-    """The lines of a (possibly gzipped) UTF-8 corpus file."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        return list(iter_lines(f, path))
 
 
 class Progress:
@@ -76,8 +69,10 @@ def _clock(seconds: float) -> str:
 
 
 def _chunks(lines: list[str], start: int, size: int) -> Iterator[tuple[int, list[str]]]:
+    """(lines done after the chunk, the chunk) from line `start` on."""
     for begin in range(start, len(lines), size):
-        yield begin + len(lines[begin : begin + size]), lines[begin : begin + size]
+        chunk = lines[begin : begin + size]
+        yield begin + len(chunk), chunk
 
 
 def _load_state(work: Path, settings: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -124,7 +119,7 @@ def distill_corpus(
     work.mkdir(parents=True, exist_ok=True)
     state = _load_state(work, settings, out)
     atomic_write(work / "state.json", json.dumps(state, indent=1))  # the settings, pinned
-    sources = read_corpus_lines(src_file)
+    sources = list(iter_corpus_lines(src_file))
     if not sources:
         raise UserError(f"{src_file} is empty; give --data-dir a corpus with training sources")
     partial = work / f"train.{tgt}"
@@ -142,18 +137,17 @@ def distill_corpus(
         state = {"settings": settings, "lines": done, "bytes": state["bytes"] + len(text)}
         atomic_write(work / "state.json", json.dumps(state, indent=1))
         progress(done)
-    _finish(data, out, src_file, partial, tgt, settings)
+    _finish(data, out, partial, tgt, settings)
     shutil.rmtree(work)
     return out
 
 
-def _finish(data: Path, out: Path, src_file: Path, partial: Path, tgt: str, settings: dict) -> None:
-    """Copy the corpus around the translations into `out`, then move them in, then say what
-    made them (`distill.json`, last: its presence means the folder is complete)."""
-    skip = {f"train.{tgt}", f"train.{tgt}.gz", src_file.name}
+def _finish(data: Path, out: Path, partial: Path, tgt: str, settings: dict) -> None:
+    """Copy the corpus around the translations into `out` (the sources as given), then move
+    them in, then say what made them (`distill.json`, last: its presence means the folder is
+    complete)."""
     for item in sorted(data.iterdir()):
-        if item.is_file() and item.name not in skip:
+        if item.is_file() and item.name not in {f"train.{tgt}", f"train.{tgt}.gz"}:
             shutil.copy2(item, out / item.name)
-    shutil.copy2(src_file, out / src_file.name)
     os.replace(partial, out / f"train.{tgt}")
     atomic_write(out / SETTINGS_FILE, json.dumps(settings, indent=1) + "\n")
