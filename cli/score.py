@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from attnmt.cli.args import Parser, program_name
 from attnmt.common.errors import UserError, exit_status
+from attnmt.common.files import read_lines
 from attnmt.evaluation.bleu import corpus_bleu, corpus_chrf
 from attnmt.evaluation.paper_bleu import paper_bleu
 
@@ -30,19 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _lines(path: str, flag: str) -> list[str]:
-    try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{flag} {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{flag} {path} is a directory; give a file of lines") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{flag} {path} is not UTF-8 text (byte {e.start}); convert it") from None
-
-
 def run(args: argparse.Namespace) -> None:
-    hyps, refs = _lines(args.hyp, "--hyp"), _lines(args.ref, "--ref")
+    hyps, refs = read_lines(args.hyp, "--hyp"), read_lines(args.ref, "--ref")
     if len(hyps) != len(refs):
         raise UserError(
             f"--hyp has {len(hyps)} lines but --ref has {len(refs)}; give line-aligned files"

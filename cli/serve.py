@@ -381,12 +381,11 @@ def serve_model(
         translator = Translator(model, paired, cfg, device)
         with runtime.autocast(device, precision):  # thread-local: entered on this thread
             nbest = translator.translate_nbest(sentences, prefixes=prefixes, glossary=glossaries)
-        metrics = metrics_of.get(model_id)
-        if metrics is not None:
+        if metrics_of.get(model_id) is not None:  # counting tokens costs an encode: only then
             src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS
             tgt_tokens = sum(len(hyps[0].tokens) for hyps in nbest if hyps)
             took = time.perf_counter() - began
-            metrics.batch(model_id, len(sentences), src_tokens, tgt_tokens, took)
+            record_batch(metrics_of, model_id, len(sentences), src_tokens, tgt_tokens, took)
         return [[(h.text, h.score) for h in hyps] for hyps in nbest]
 
     def attention(cfg: Any, sentence: str, langs: tuple) -> dict[str, Any]:

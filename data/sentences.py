@@ -98,8 +98,9 @@ class SplitLines(NamedTuple):
 
     def rejoin(self, translations: list[str]) -> list[str]:
         """One translated line per line, from the translations of `sentences` in order."""
-        if len(translations) != sum(self.counts()):
-            raise ValueError(f"{len(translations)} translations for {sum(self.counts())}")
+        expected = sum(self.counts())
+        if len(translations) != expected:
+            raise ValueError(f"{len(translations)} translations for {expected}")
         lines, start = [], 0
         for split in self.splits:
             end = start + len(split.sentences)

@@ -197,13 +197,8 @@ class Batcher:
             return batch, None
 
     def _stream_for(self, job: Job) -> Stream | None:
-        if (
-            self._open_stream is None
-            or self.one_request
-            or job.attention
-            or any(job.prefixes or [])
-            or job.glossary is not None
-        ):
+        """A stream for `job` (not one-request or attention: `_next_batch` decides those)."""
+        if self._open_stream is None or not _streamable(job):
             return None
         return self._open_stream(job.cfg, job.langs)
 
@@ -238,8 +233,7 @@ class Batcher:
                 job = self._pending[0]
                 same = job.cfg == first.cfg and job.langs == first.langs and not job.attention
                 fits = size + len(job.sentences) <= self.max_sentences or size == 0
-                plain = not any(job.prefixes or []) and job.glossary is None
-                if not (same and fits and plain):
+                if not (same and fits and _streamable(job)):
                     break
                 joining.append(self._pending.popleft())
                 size += len(job.sentences)
@@ -293,3 +287,8 @@ class Batcher:
             return
         for job, result in zip(batch, results, strict=True):
             job.future.set_result(result)
+
+
+def _streamable(job: Job) -> bool:
+    """Whether `job` may join a greedy stream: the stream forces no prefix and no terms."""
+    return not any(job.prefixes or []) and job.glossary is None

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from attnmt.data.languages import detect as detect_languages
 from attnmt.data.languages import language_name, same_language
 from attnmt.server.batcher import Job
-from attnmt.server.documents import FORMATS, MAX_FILE_BYTES, FileError, Parsed, parse_file
+from attnmt.server.documents import FORMATS, MAX_FILE_BYTES, FileError, parse_file
 from attnmt.server.handling import (
     check_key,
     check_output_budget,
@@ -237,7 +237,7 @@ async def translate_file(request: Request) -> JSONResponse:
     if routed is not None:
         model, langs = routed
         texts = Texts(parsed.texts, source_language(model.sources, source), True, parsed.fmt)
-        _check_file(texts, parsed, service)
+        _check_file(texts, service)
         job = Job(service.defaults_for(model), texts.sentences, langs=langs)
         hyps = await _translated(service, model, job, form_field(form.get("glossary")))
         translated = texts.render([nbest[0][0] for nbest in hyps])
@@ -297,7 +297,7 @@ async def _read_file_form(request: Request) -> tuple[dict[str, Any], str, bytes]
     return fields, upload[0], upload[1]
 
 
-def _check_file(texts: Texts, parsed: Parsed, service: Service) -> None:
+def _check_file(texts: Texts, service: Service) -> None:
     """A file's paragraphs within --max-chars each, its text within --max-sentences times
     --max-chars (what one /translate request may carry)."""
     limits = service.limits
