@@ -321,7 +321,7 @@ def _local_inventory(root: Path) -> dict[str, set[str]]:
     return found
 
 
-def _iter_lines(path: Path) -> Iterator[str]:
+def iter_corpus_lines(path: Path) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (maybe gzipped), without the line terminator.
 
     Reads bytes and splits on ``\\n`` only: text mode's universal newlines would also split on
@@ -350,7 +350,7 @@ def _iter_lines(path: Path) -> Iterator[str]:
 
 def _iter_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
     """Yield aligned line pairs; raises DataError naming both counts if the sides differ."""
-    src_lines, tgt_lines = _iter_lines(src_path), _iter_lines(tgt_path)
+    src_lines, tgt_lines = iter_corpus_lines(src_path), iter_corpus_lines(tgt_path)
     count = 0
     for src, tgt in zip_longest(src_lines, tgt_lines):
         if src is None or tgt is None:
