@@ -515,3 +515,29 @@ def test_export_check_reports_agreement(
             line for line in out.splitlines() if line.startswith(name)
         ), out
     assert any(line.startswith("ctranslate2 int8") for line in out.splitlines()), out
+
+
+def test_a_student_shaped_model_exports_exactly(trained: Trained, tmp_path: Path) -> None:
+    """model=student's shape, a deep encoder over a one-layer decoder, trained on the toy pairs:
+    Transformers gives its logits, CTranslate2 its greedy ids."""
+    needs("transformers")
+    needs("safetensors")
+    needs("ctranslate2")
+    import ctranslate2
+
+    tok = trained.tokenizer
+    model = train_tiny(tok, steps=120, n_encoder_layers=4, n_decoder_layers=1)
+    (tmp_path / "hf").mkdir()
+    with single_thread():
+        hf_check = export_hf(model, tok, tmp_path / "hf")
+        ct2_check = export_ct2(model, tok, tmp_path / "ct2")
+    assert hf_check["logits_max_abs_diff"] < 1e-4
+    assert ct2_check["logprob_max_abs_diff"] < 1e-4
+    config = json.loads((tmp_path / "hf" / "config.json").read_text(encoding="utf-8"))
+    assert (config["encoder_layers"], config["decoder_layers"]) == (4, 1)
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    src_ids = tok.encode_src(SENTENCES)
+    with single_thread():
+        ours = our_search_ids(model, tok, src_ids, GREEDY)
+    assert ct2_search_ids(translator, tok, src_ids, GREEDY) == ours
+    assert sum(len(ids) for ids in ours) > 3 * len(ours)  # words, not EOS at once
