@@ -301,15 +301,21 @@ def bench_training(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def real_systems(
-    args: argparse.Namespace, path: Path, model: Transformer, tokenizer: Any, tmp: Path
+    args: argparse.Namespace,
+    path: Path,
+    model: Transformer,
+    tokenizer: Any,
+    tmp: Path,
+    label: str = "",
 ) -> tuple[dict[str, peers.Isolated], dict[str, str]]:
     """Every system of a --run comparison, each for a process of its own, on every
-    --cpu-kinds (the first kind's names unmarked), and the peers skipped with why."""
+    --cpu-kinds (the first kind's names unmarked), and the peers skipped with why. A later
+    --run's systems have its `label` in their names."""
     threads = torch.get_num_threads()
     systems: dict[str, peers.Isolated] = {}
     for kind in args.cpu_kinds:
         for name, quantize in ((ATTNMT, "none"), (ATTNMT_INT8, "int8")):
-            systems[kind_name(args, name, kind)] = peers.Isolated(
+            systems[kind_name(args, name, kind, label)] = peers.Isolated(
                 peers.ours_from_checkpoint,
                 (str(path), quantize, args.inter_threads),
                 threads,
@@ -321,15 +327,17 @@ def real_systems(
             require("transformers")  # what the worker would raise, checked here
             check_marian(model.cfg)
             build = peers.transformers_from_checkpoint
-            systems[MARIAN] = peers.Isolated(build, (str(path),), threads)
+            systems[kind_name(args, MARIAN, args.cpu_kinds[0], label)] = peers.Isolated(
+                build, (str(path),), threads
+            )
         except UserError as e:
-            skipped[MARIAN] = str(e)
+            skipped[kind_name(args, MARIAN, args.cpu_kinds[0], label)] = str(e)
     if CT2 in args.peers:
         for quantization, name in (("float32", CT2_FP32), ("int8", CT2_INT8)):
-            folder = tmp / quantization
+            folder = tmp / label / quantization
             export_ct2(model, tokenizer, folder, quantization)
             for kind in args.cpu_kinds:
-                systems[kind_name(args, name, kind)] = peers.Isolated(
+                systems[kind_name(args, name, kind, label)] = peers.Isolated(
                     peers.ct2_from_folder,
                     (str(folder), str(path), threads, args.inter_threads),
                     threads,
@@ -338,7 +346,8 @@ def real_systems(
     return systems, skipped
 
 
-def kind_name(args: argparse.Namespace, name: str, kind: str) -> str:
+def kind_name(args: argparse.Namespace, name: str, kind: str, label: str = "") -> str:
+    name = f"{name} ({label})" if label else name
     return name if kind == args.cpu_kinds[0] else f"{name} [{kind}]"
 
 
@@ -359,7 +368,9 @@ def real_tables(
         kind_table, by_kind[kind] = peers.table(cells, kind_name(args, ATTNMT, kind), bleu)
         table += kind_table
         for beam in args.beams:
-            for peer in dict.fromkeys((CT2_INT8, kind_name(args, CT2_INT8, kind))):
+            every = [kind_name(args, CT2_INT8, k, label) for k in (args.cpu_kinds[0], kind)
+                     for label in args.labels]  # fmt: skip
+            for peer in dict.fromkeys(every):
                 if (ours_int8, beam) in cells and (peer, beam) in cells:
                     mine, theirs = cells[(ours_int8, beam)], cells[(peer, beam)]
                     ratio = peers.ratio_spread(mine.times_s, theirs.times_s).format(".2f", "x")
@@ -367,9 +378,20 @@ def real_tables(
     return table, by_kind
 
 
+def run_labels(runs: list[Path]) -> list[str]:
+    """The systems' labels: none for the first --run, then each later run's folder (or
+    checkpoint) name, made unique."""
+    labels = [""]
+    for i, run in enumerate(runs[1:], 2):
+        name = run.name if run.is_dir() or run.suffix != ".pt" else f"{run.parent.name}/{run.stem}"
+        labels.append(name if name and name not in labels else f"{name or 'run'} #{i}")
+    return labels
+
+
 def bench_real(args: argparse.Namespace) -> dict[str, Any]:
-    """A trained model on real sentences: ours, ours int8, transformers and CTranslate2
-    fp32/int8 at every --beams, each in a process of its own (one table per CPU kind)."""
+    """Trained models on real sentences: ours, ours int8, transformers and CTranslate2
+    fp32/int8 of every --run at every --beams, each in a process of its own (one table per
+    CPU kind, ratios against the first run's ours)."""
     from attnmt.checkpoint import load_for_inference, resolve_checkpoint
     from attnmt.common.files import read_src_ref
     from attnmt.decoding.config import SearchConfig
@@ -377,36 +399,46 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.device != "cpu":
         raise UserError("--run measures on the CPU (CTranslate2 and int8 here are CPU builds)")
-    path = resolve_checkpoint(args.run)
-    model, tokenizer, _ = load_for_inference(path)  # for the exports and checks; timed in workers
+    paths = [resolve_checkpoint(run) for run in args.run]
+    args.labels = run_labels(args.run)
     lines, refs = read_src_ref(args.src, args.ref, args.limit)
     if not lines:
         raise UserError(f"--src {args.src} has no sentences")
-    src_ids = tokenizer.encode_src([line.strip() for line in lines])
     cfgs = [SearchConfig(beam_size=beam, batch_size=args.decode_batch) for beam in args.beams]
     threads, inter = torch.get_num_threads(), args.inter_threads
     meta = {
-        "checkpoint": str(path), "src": str(args.src), "ref": str(args.ref) if refs else None,
-        "sentences": len(src_ids), "beams": args.beams, "batch": args.decode_batch,
+        "checkpoint": str(paths[0]), "runs": dict(zip(args.labels, map(str, paths), strict=True)),
+        "src": str(args.src), "ref": str(args.ref) if refs else None,
+        "sentences": len(lines), "beams": args.beams, "batch": args.decode_batch,
         "threads": threads, "inter_threads": inter, "cpu_kinds": args.cpu_kinds,
         "repeats": args.repeats, "torch": torch.__version__,
         "transformers": version("transformers"), "ctranslate2": version("ctranslate2"),
         "device_name": peers.cpu_model(), "platform": platform.platform(),
     }  # fmt: skip
-    print(f"{path}: {len(src_ids)} sentences of {args.src}, searched as translate.py does "
+    print(f"{', '.join(map(str, paths))}: {len(lines)} sentences of {args.src}, searched as "
+          f"translate.py does "
           f"in batches of {args.decode_batch} on {threads} threads"
           + (f" ({inter} batches at once; transformers one at a time)" if inter > 1 else "")
           + f"; {args.repeats} interleaved repeats, ids in and out, each system in a process of "
           f"its own; CPU: {meta['device_name']}; torch {meta['torch']}, transformers "
           f"{meta['transformers']}, ctranslate2 {meta['ctranslate2']}")  # fmt: skip
+    systems: dict[str, peers.Isolated] = {}
+    meta["skipped"], src_ids, tokenizers = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        systems, meta["skipped"] = real_systems(args, path, model, tokenizer, Path(tmp))
+        for label, path in zip(args.labels, paths, strict=True):
+            model, tokenizer, _ = load_for_inference(path)  # for exports, checks; timed in workers
+            mine, skipped = real_systems(args, path, model, tokenizer, Path(tmp), label)
+            systems.update(mine)
+            meta["skipped"].update(skipped)
+            ids = tokenizer.encode_src([line.strip() for line in lines])
+            src_ids.update(dict.fromkeys(mine, ids))
+            tokenizers.update(dict.fromkeys(mine, tokenizer))
         for name, reason in meta["skipped"].items():
             print(f"{name}: skipped: {reason}")
         cells = peers.compare(systems, src_ids, cfgs, args.repeats)
 
-    def bleu(ids: list[list[int]]) -> float:
-        return corpus_bleu(tokenizer.decode_tgt(ids), refs).score
+    def bleu(name: str, ids: list[list[int]]) -> float:
+        return corpus_bleu(tokenizers[name].decode_tgt(ids), refs).score
 
     table, by_kind = real_tables(args, cells, bleu if refs is not None else None)
     print("\n" + "\n".join(table))
@@ -467,9 +499,11 @@ def build_parser() -> argparse.ArgumentParser:
 def add_real_flags(group: argparse._ArgumentGroup) -> None:
     add = group.add_argument
     # fmt: off
-    add("--run", type=Path, default=None, metavar="DIR",
+    add("--run", type=Path, action="append", default=[], metavar="DIR",
         help="a train.py run dir (its checkpoints/best.pt) or a checkpoint file: decode --src "
-        "with ours (fp32, int8) and the --peers, and print one table")
+        "with ours (fp32, int8) and the --peers, and print one table; repeated, every run "
+        "(each with its own tokenizer) in one interleaved table, the ratios against the first "
+        "run's ours (e.g. a distilled student against its teacher)")
     add("--src", type=Path, default=None, help="source sentences, one a line")
     add("--ref", type=Path, default=None, help="references: sacreBLEU per cell")
     add("--limit", type=int, default=0, help="first N sentences only (0: all)")
@@ -487,11 +521,11 @@ def add_real_flags(group: argparse._ArgumentGroup) -> None:
 
 
 def check_real_flags(args: argparse.Namespace) -> None:
-    if (args.run is None) != (args.src is None):
+    if (not args.run) != (args.src is None):
         raise UserError(
             "--run and --src go together: a trained run dir and the sentences to decode"
         )
-    if args.ref is not None and args.run is None:
+    if args.ref is not None and not args.run:
         raise UserError("--ref needs --run and --src")
     if args.inter_threads < 1:
         raise UserError(f"--inter-threads must be >= 1, got {args.inter_threads}")
@@ -499,7 +533,7 @@ def check_real_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--cpu-kinds takes {', '.join(peers.CPU_KINDS)}, got {args.cpu_kinds}")
     for flag, given in (("--inter-threads", args.inter_threads > 1),
                         ("--cpu-kinds", args.cpu_kinds != ["native"])):  # fmt: skip
-        if given and args.run is None:
+        if given and not args.run:
             raise UserError(f"{flag} needs --run and --src (real sentences)")
     if not args.beams or min(args.beams) < 1:
         raise UserError(f"--beams must be beam sizes >= 1, got {args.beams}")

@@ -297,12 +297,13 @@ class Cell:
 
 def compare(
     systems: dict[str, Search | Isolated],
-    src_ids: list[list[int]],
+    src_ids: list[list[int]] | dict[str, list[list[int]]],
     cfgs: Sequence[SearchConfig],
     repeats: int,
 ) -> dict[tuple[str, int], Cell]:
-    """Time every system with every search config on all `src_ids`; keys (system name, beam
-    size). `Isolated` systems run in their own processes, started here and stopped on return.
+    """Time every system with every search config on all `src_ids` (or, by system name, its
+    own: runs with different tokenizers); keys (system name, beam size). `Isolated` systems
+    run in their own processes, started here and stopped on return.
 
     Raises:
         UserError: an `Isolated` system failed to build (its message) or its process died.
@@ -312,17 +313,20 @@ def compare(
     workers: list[_Worker] = []
     try:
         for name, system in systems.items():
+            ids = src_ids[name] if isinstance(src_ids, dict) else src_ids
             if isinstance(system, Isolated):
-                workers.append(_Worker(system, src_ids))
-                search = lambda cfg, n, w=workers[-1]: w.search(cfg, min(n, len(src_ids)))  # noqa: E731
+                workers.append(_Worker(system, ids))
+                search = lambda cfg, n, w=workers[-1]: w.search(cfg, n)  # noqa: E731
             else:
-                search = lambda cfg, n, s=system: (None, s(src_ids[:n], cfg))  # noqa: E731
+                search = lambda cfg, n, s=system, ids=ids: (None, s(ids[:n], cfg))  # noqa: E731
             for cfg in cfgs:
                 key = (name, cfg.beam_size)
-                search(cfg, cfg.batch_size)  # warm-up: one batch, untimed
+                search(cfg, min(cfg.batch_size, len(ids)))  # warm-up: one batch, untimed
 
-                def run(search: Any = search, cfg: SearchConfig = cfg, key: Any = key) -> Any:
-                    seconds, outputs[key] = search(cfg, len(src_ids))
+                def run(
+                    search: Any = search, cfg: Any = cfg, key: Any = key, n: int = len(ids)
+                ) -> Any:
+                    seconds, outputs[key] = search(cfg, n)
                     return seconds  # None: timed by `interleaved`
 
                 runs[key] = run
@@ -340,7 +344,7 @@ def search_name(beam: int) -> str:
 def table(
     cells: dict[tuple[str, int], Cell],
     ours: str,
-    bleu: Callable[[list[list[int]]], float] | None = None,
+    bleu: Callable[[str, list[list[int]]], float] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """A Markdown table (rows: systems; per search: sentences/s, BLEU when `bleu` is given,
     ours / system), the output checks, and the same figures as a JSON-able dict. Figures:
@@ -359,7 +363,7 @@ def table(
         for beam in beams:
             cell, mine = cells[(name, beam)], cells[(ours, beam)]
             ratio = ratio_spread(mine.times_s, cell.times_s)
-            bleus.append(bleu(cell.ids) if bleu else None)
+            bleus.append(bleu(name, cell.ids) if bleu else None)
             entry[search_name(beam)] = {
                 "sentences_per_s": cell.rate().as_dict(),
                 "times_s": cell.times_s,

@@ -302,3 +302,43 @@ def test_real_mode_runs_every_system_on_every_cpu_kind(
         assert avx2["attnmt"][search]["same_ids_as_ours"] >= 12
     assert "CPU kind avx2: ours under ATEN_CPU_CAPABILITY=avx2" in out
     assert "attnmt int8 [avx2] / CTranslate2 int8 [avx2], greedy" in out
+
+
+def test_several_runs_with_their_own_tokenizers_in_one_table(
+    trained_run: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A student (its own SentencePiece model, one decoder layer) timed against its teacher:
+    each run's sentences encoded and its outputs decoded with its own tokenizer, every ratio
+    against the first run's ours."""
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed (.[export] extra)")
+    from attnmt.checkpoint import load_for_inference
+    from attnmt.engine import Engine
+    from attnmt.evaluation.bleu import corpus_bleu
+    from benchmarks import peers
+    from tests.test_export import save_run, train_tiny
+
+    run, src, ref = trained_run
+    tokenizer = tiny_tokenizer(tmp_path / "spm", vocab_size=70)
+    save_run(tmp_path / "student", train_tiny(tokenizer, 120, n_decoder_layers=1), tokenizer)
+    path = tmp_path / "two.json"
+    flags = real_flags(trained_run, "--peers", "ctranslate2", "--json", str(path))
+    with single_thread():
+        status = benchmark.main(["--run", str(tmp_path / "student"), *flags])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    report = json.loads(path.read_text())
+    names = ["attnmt", "attnmt int8", "CTranslate2 fp32", "CTranslate2 int8"]
+    names += [f"{name} (run)" for name in names]
+    assert list(report["systems"]) == names
+    assert list(report["meta"]["runs"]) == ["", "run"]
+    for label, folder in (("", tmp_path / "student"), (" (run)", run)):
+        model, tok, _ = load_for_inference(folder / "checkpoints" / "best.pt")
+        lines = src.read_text().splitlines()
+        cfg = SearchConfig(beam_size=3, batch_size=8)
+        with single_thread():
+            ids = peers.ours_system(Engine(model), tok)(tok.encode_src(lines), cfg)
+        bleu = corpus_bleu(tok.decode_tgt(ids), ref.read_text().splitlines()).score
+        assert report["systems"][f"attnmt{label}"]["beam 3"]["bleu"] == pytest.approx(bleu)
+        ratio = report["systems"][f"attnmt{label}"]["greedy"]["ratio_attnmt_over_system"]
+        assert (ratio["median"] == 1) == (label == "")
+    assert "attnmt int8 / CTranslate2 int8 (run), greedy" in out
