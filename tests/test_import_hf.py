@@ -823,3 +823,34 @@ def test_int8_and_ensembles_take_an_import(family: Family) -> None:
     int8, _ = load_engine([str(family.run)], quantize="int8")
     same = sum(a == b for a, b in zip(ids(int8), alone, strict=True))
     assert same >= len(alone) // 2, f"int8 agrees with fp32 on {same}/{len(alone)} only"
+
+
+@pytest.mark.parametrize("family", ["opus-mt-en-de", "nllb-200"], indirect=True)
+def test_an_imported_model_is_a_distillation_teacher(family: Family, tmp_path: Path) -> None:
+    """scripts/distill.py with an imported run as the teacher: train.de is translate.py's
+    output for the same run, search and sources."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang, lines in (("en", EN[:12]), ("de", DE[:12])):
+        (data / f"train.{lang}").write_text("".join(line + "\n" for line in lines))
+        (data / f"valid.{lang}").write_text(lines[0] + "\n")
+    langs = [f"--{k.replace('_', '-')}={v}" for k, v in family.langs.items()]
+    env = {**os.environ, **OFFLINE, "OMP_NUM_THREADS": "1"}
+    common = ["-c", str(family.run), "--beam", "2", "--device", "cpu", *langs]
+    expected = subprocess.run(
+        [sys.executable, str(TRANSLATE), *common, "--input", str(data / "train.en")],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert expected.returncode == 0, expected.stderr
+    flags = ["--teacher", str(family.run), "--data-dir", str(data), "--out", str(tmp_path / "d")]
+    # A multilingual teacher is told the pair by the corpus files' codes (en, de: its own
+    # eng_Latn, deu_Latn); a bilingual one takes its run's.
+    flags += ["--beam", "2", "--device", "cpu"]
+    flags += ["--src-lang", "en", "--tgt-lang", "de"] if family.langs else []
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "distill.py"), *flags],
+        capture_output=True, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "d" / "train.de").read_text() == expected.stdout
+    assert len(expected.stdout.splitlines()) == 12
