@@ -37,7 +37,7 @@ def test_every_experiment_composes(experiment):
         ("big", (1024, 16, 4096, 6, 6, 0.3)),
         ("small", (512, 4, 1024, 6, 6, 0.3)),
         ("tiny", (256, 4, 1024, 3, 3, 0.1)),
-        ("student", (256, 4, 1024, 6, 1, 0.1)),
+        ("student", (192, 4, 768, 3, 1, 0.1)),
     ],
 )
 def test_model_presets_match_the_paper(name, expected):
