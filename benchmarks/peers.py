@@ -324,7 +324,7 @@ def compare(
                 search(cfg, min(cfg.batch_size, len(ids)))  # warm-up: one batch, untimed
 
                 def run(
-                    search: Any = search, cfg: Any = cfg, key: Any = key, n: int = len(ids)
+                    search: Any = search, cfg: SearchConfig = cfg, key: Any = key, n: int = len(ids)
                 ) -> Any:
                     seconds, outputs[key] = search(cfg, n)
                     return seconds  # None: timed by `interleaved`
