@@ -352,7 +352,7 @@ def kind_name(args: argparse.Namespace, name: str, kind: str, label: str = "") -
 
 
 def real_tables(
-    args: argparse.Namespace, cells: dict, bleu: Callable | None
+    args: argparse.Namespace, cells: dict, bleu: Callable | None, same_vocab: Callable
 ) -> tuple[list[str], dict[str, Any]]:
     """A table per CPU kind (every system against ours on that kind), with int8 against int8."""
     table: list[str] = []
@@ -365,7 +365,8 @@ def real_tables(
                    for who, pairs in peers.CPU_KINDS[kind].items()}  # fmt: skip
             table.append(f"CPU kind {kind}: ours under {env['ours']}, "
                          f"CTranslate2 [{kind}] under {env['ctranslate2']}")  # fmt: skip
-        kind_table, by_kind[kind] = peers.table(cells, kind_name(args, ATTNMT, kind), bleu)
+        ours = kind_name(args, ATTNMT, kind)
+        kind_table, by_kind[kind] = peers.table(cells, ours, bleu, same_vocab)
         table += kind_table
         for beam in args.beams:
             every = [kind_name(args, CT2_INT8, k, label) for k in (args.cpu_kinds[0], kind)
@@ -440,7 +441,10 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     def bleu(name: str, ids: list[list[int]]) -> float:
         return corpus_bleu(tokenizers[name].decode_tgt(ids), refs).score
 
-    table, by_kind = real_tables(args, cells, bleu if refs is not None else None)
+    def same_vocab(name: str) -> bool:  # a later run's ids are of its own tokenizer
+        return tokenizers[name] is tokenizers[ATTNMT]
+
+    table, by_kind = real_tables(args, cells, bleu if refs is not None else None, same_vocab)
     print("\n" + "\n".join(table))
     return {
         "meta": meta,

@@ -345,10 +345,11 @@ def table(
     cells: dict[tuple[str, int], Cell],
     ours: str,
     bleu: Callable[[str, list[list[int]]], float] | None = None,
+    same_vocab: Callable[[str], bool] = lambda name: True,
 ) -> tuple[list[str], dict[str, Any]]:
     """A Markdown table (rows: systems; per search: sentences/s, BLEU when `bleu` is given,
-    ours / system), the output checks, and the same figures as a JSON-able dict. Figures:
-    median (min-max) over the repeats."""
+    ours / system), the output checks (ids against ours' where `same_vocab(system)`), and the
+    same figures as a JSON-able dict. Figures: median (min-max) over the repeats."""
     systems = list(dict.fromkeys(name for name, _ in cells))
     beams = list(dict.fromkeys(beam for _, beam in cells))
     head = ["system"] + [f"{search_name(b)} sent/s" for b in beams]
@@ -369,7 +370,9 @@ def table(
                 "times_s": cell.times_s,
                 f"ratio_{ours}_over_system": ratio.as_dict(),
                 "tokens_per_sentence": cell.tokens_per_sentence(),
-                "same_ids_as_ours": sum(a == b for a, b in zip(cell.ids, mine.ids, strict=True)),
+                "same_ids_as_ours": sum(a == b for a, b in zip(cell.ids, mine.ids, strict=True))
+                if same_vocab(name)
+                else None,  # ids of another tokenizer: nothing to compare
                 "bleu": bleus[-1],
             }
             row.append(cell.rate().format())
@@ -377,8 +380,12 @@ def table(
         row += [f"{b:.2f}" for b in bleus] if bleu else []
         lines.append("| " + " | ".join(row + ratios) + " |")
         checks.append(f"  {name:<20} " + "; ".join(
-            f"{search_name(b)}: {entry[search_name(b)]['same_ids_as_ours']}/{n}, "
+            f"{search_name(b)}: {_count(entry[search_name(b)]['same_ids_as_ours'])}/{n}, "
             f"{entry[search_name(b)]['tokens_per_sentence']:.1f}" for b in beams
         ))  # fmt: skip
     lines += ["", f"outputs (of {n} sentences): same ids as {ours}; tokens per sentence"]
     return lines + checks, report
+
+
+def _count(same: int | None) -> str:
+    return "-" if same is None else str(same)

@@ -342,3 +342,6 @@ def test_several_runs_with_their_own_tokenizers_in_one_table(
         ratio = report["systems"][f"attnmt{label}"]["greedy"]["ratio_attnmt_over_system"]
         assert (ratio["median"] == 1) == (label == "")
     assert "attnmt int8 / CTranslate2 int8 (run), greedy" in out
+    # ids are compared with ours only within one tokenizer's vocabulary
+    assert report["systems"]["CTranslate2 fp32"]["greedy"]["same_ids_as_ours"] >= 12
+    assert report["systems"]["attnmt (run)"]["greedy"]["same_ids_as_ours"] is None
