@@ -17,7 +17,7 @@ class Score(NamedTuple):
 
 def corpus_bleu(hyps: list[str], refs: list[str]) -> Score:
     """sacreBLEU BLEU (13a tokenizer, exp smoothing) of raw hypotheses against raw references."""
-    _check_lengths(hyps, refs)
+    check_lengths(hyps, refs)
     metric = BLEU()
     result = metric.corpus_score(hyps, [refs])
     return Score(result.score, str(metric.get_signature()))
@@ -25,12 +25,13 @@ def corpus_bleu(hyps: list[str], refs: list[str]) -> Score:
 
 def corpus_chrf(hyps: list[str], refs: list[str]) -> Score:
     """sacreBLEU chrF (character 6-grams, beta 2)."""
-    _check_lengths(hyps, refs)
+    check_lengths(hyps, refs)
     metric = CHRF()
     result = metric.corpus_score(hyps, [refs])
     return Score(result.score, str(metric.get_signature()))
 
 
-def _check_lengths(hyps: list[str], refs: list[str]) -> None:
+def check_lengths(hyps: list[str], refs: list[str]) -> None:
+    """Raises ValueError unless there is one reference per hypothesis."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")

@@ -30,7 +30,7 @@ import re
 from sacrebleu.metrics import BLEU
 from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 
-from attnmt.evaluation.bleu import Score, _check_lengths
+from attnmt.evaluation.bleu import Score, check_lengths
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 _tokenize = TokenizerV14International()
@@ -46,7 +46,7 @@ def paper_tokens(line: str) -> str:
 def paper_bleu(hyps: list[str], refs: list[str]) -> Score:
     """Tokenized, compound-split corpus BLEU of raw (detokenized) hypotheses against raw
     references, as the paper's table reports it (see the module docstring)."""
-    _check_lengths(hyps, refs)
+    check_lengths(hyps, refs)
     metric = BLEU(tokenize="none", smooth_method="none", force=True)
     result = metric.corpus_score([paper_tokens(h) for h in hyps], [[paper_tokens(r) for r in refs]])
     return Score(result.score, SIGNATURE)
