@@ -1,7 +1,7 @@
 """The `serve.py` command line: its flags, loading the model once, and running the server.
 
-`-c` may be given several times (`-c RUN_A -c ID=RUN_B`): each model gets its own batching
-queue and model thread and is routed to by its languages (`data.languages`) or its id (the
+`-c` may be given several times (`-c RUN_A -c ID=RUN_B`): each model gets its own process
+(`server.worker`), batching queue and model thread, and is routed to by its languages (`data.languages`) or its id (the
 run dir's name unless `ID=` names it); the first is the default model. The search flags
 (`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in translate.py, and set the
 server's default options, which each request may override (`server.options`); `--batch-size`
@@ -231,8 +231,9 @@ def model_glossaries(values: list[str], ids: list[str]) -> dict[str, Any]:
 
 def model_info(path: str) -> dict[str, Any]:
     """What `GET /info` reports: languages, sizes, vocabulary, step, and the run's BLEU from
-    its results.json when there is one; `languages` holds (sources, targets) for routing."""
-    from attnmt.checkpoint import load_checkpoint, resolve_checkpoint
+    its results.json when there is one; `languages` holds (sources, targets) for routing and
+    `tokenizer` the stored tokenizer (both for the caller to pop)."""
+    from attnmt.checkpoint import load_checkpoint, resolve_checkpoint, stored_tokenizer
     from attnmt.data.languages import model_languages
 
     file = resolve_checkpoint(path)
@@ -245,6 +246,7 @@ def model_info(path: str) -> dict[str, Any]:
         "source_language": sources[0] if len(sources) == 1 else None,
         "target_language": targets[0] if len(targets) == 1 else None,
         "languages": (sources, targets),
+        "tokenizer": stored_tokenizer(ckpt, file),
         "model": model_cfg,
     }
     run_dir = Path(path) if Path(path).is_dir() else file.parent.parent
@@ -340,38 +342,84 @@ def serve_model(
     defaults: Any,
     metrics_of: dict[str, Any],
 ) -> Any:
-    """One model loaded, with its batcher (model thread); the pair a request names reaches
-    the translator in `translate`/`attention` below, and only for a multilingual model."""
+    """One model: its process (`server.worker.ModelProcess`: the model loaded there, its
+    batcher and model thread) and, here on the event loop, its tokenizer, for counting a
+    request's tokens and checking its terms before the request is sent."""
+    from functools import partial
+
+    from attnmt.data.languages import is_multilingual
+    from attnmt.decoding.translator import Translator
+    from attnmt.server.service import ServedModel
+    from attnmt.server.worker import ModelProcess, StartError
+
+    info = model_info(path)
+    sources, targets = info.pop("languages")
+    tokenizer = info.pop("tokenizer")
+    record = partial(record_batch, metrics_of, model_id)
+    try:
+        multilingual = is_multilingual(sources, targets)
+        job = (args, path, defaults, multilingual)
+        batcher = ModelProcess(load_batcher, job, args.max_queue, record, name=f"model-{model_id}")
+    except StartError as e:
+        if e.user_error:
+            raise UserError(str(e)) from None
+        raise
+    defaults, precision, device = (
+        batcher.facts.pop(k) for k in ("defaults", "precision", "device")
+    )
+    info.update(batcher.facts, device=device, precision=precision, quantize=args.quantize)
+    tokenizer_for = pair_tokenizers(tokenizer, multilingual)
+
+    def count_tokens(sentences: list[str]) -> int:
+        return max(len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences]))
+
+    def check_terms(
+        cfg: Any, sentences: list[str], prefixes: Any, glossary: Any, langs: tuple
+    ) -> None:
+        translator = Translator(None, tokenizer_for(langs), cfg, "cpu")  # tokenizing only
+        translator.check_terms(sentences, glossary, prefixes)
+
+    served = ServedModel(model_id, sources, targets, batcher, count_tokens, info, defaults)
+    served.check_terms = check_terms  # on the event loop: tokenizing only, no model call
+    return served
+
+
+def pair_tokenizers(tokenizer: Any, multilingual: bool) -> Any:
+    """tokenizer_for(langs): a multilingual model's tokenizer of the requested pair (made
+    once per pair), or the model's own for any other."""
+    bound: dict[tuple, Any] = {}
+
+    def tokenizer_for(langs: tuple[str | None, str | None]) -> Any:
+        if not multilingual:
+            return tokenizer
+        if langs not in bound:
+            bound[langs] = tokenizer.for_languages(*langs)
+        return bound[langs]
+
+    return tokenizer_for
+
+
+def load_batcher(
+    record: Any, args: argparse.Namespace, path: str, defaults: Any, multilingual: bool
+) -> tuple[Any, dict[str, Any]]:
+    """In the model process: the model loaded, with its batcher (model thread); the pair a
+    request names reaches the translator in `translate`/`attention` below, and only for a
+    multilingual model. `record(sentences, source tokens, target tokens, seconds)` takes
+    each batch's metrics. Also returns what the parent reports: the decoding, the device,
+    the parameters and vocabulary."""
     import time
     from functools import partial
 
     import torch
 
     from attnmt.common import runtime
-    from attnmt.data.languages import is_multilingual
     from attnmt.decoding.translator import Translator
     from attnmt.engine.continuous import RequestStream
     from attnmt.server.batcher import Batcher
-    from attnmt.server.service import ServedModel
 
     model, tokenizer, device = load_model(args, [path])
     defaults, precision = model_decoding(args, defaults, path, device)
-    info = model_info(path)
-    sources, targets = info.pop("languages")
-    multilingual = is_multilingual(sources, targets)
-    info.update(loaded_facts(model, tokenizer), device=device)
-    info.update(precision=precision, quantize=args.quantize)
-
-    bound: dict[tuple, Any] = {}  # a multilingual model's tokenizer per pair, made once
-
-    def tokenizer_for(langs: tuple[str | None, str | None]) -> Any:
-        """The tokenizer of the requested pair for a multilingual model; the model's own for
-        any other."""
-        if not multilingual:
-            return tokenizer
-        if langs not in bound:
-            bound[langs] = tokenizer.for_languages(*langs)
-        return bound[langs]
+    tokenizer_for = pair_tokenizers(tokenizer, multilingual)
 
     def translate(
         cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple, glossaries: Any = None
@@ -381,11 +429,9 @@ def serve_model(
         translator = Translator(model, paired, cfg, device)
         with runtime.autocast(device, precision):  # thread-local: entered on this thread
             nbest = translator.translate_nbest(sentences, prefixes=prefixes, glossary=glossaries)
-        if metrics_of.get(model_id) is not None:  # counting tokens costs an encode: only then
-            src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS
-            tgt_tokens = sum(len(hyps[0].tokens) for hyps in nbest if hyps)
-            took = time.perf_counter() - began
-            record_batch(metrics_of, model_id, len(sentences), src_tokens, tgt_tokens, took)
+        src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS
+        tgt_tokens = sum(len(hyps[0].tokens) for hyps in nbest if hyps)
+        record(len(sentences), src_tokens, tgt_tokens, time.perf_counter() - began)
         return [[(h.text, h.score) for h in hyps] for hyps in nbest]
 
     def attention(cfg: Any, sentence: str, langs: tuple) -> dict[str, Any]:
@@ -403,19 +449,9 @@ def serve_model(
             "attention": weights.double().round(decimals=4).tolist(),  # 4 digits: JSON size
         }
 
-    def count_tokens(sentences: list[str]) -> int:
-        return max(len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences]))
-
-    def check_terms(
-        cfg: Any, sentences: list[str], prefixes: Any, glossary: Any, langs: tuple
-    ) -> None:
-        translator = Translator(model, tokenizer_for(langs), cfg, device)
-        translator.check_terms(sentences, glossary, prefixes)
-
     def open_stream(cfg: Any, langs: tuple) -> Any:
         """Greedy requests joining one continuous batch between its steps, or None."""
         context = partial(runtime.autocast, device, precision)  # entered on the model thread
-        record = partial(record_batch, metrics_of, model_id)
         return RequestStream.open(model, tokenizer_for(langs), cfg, context=context, record=record)
 
     batcher = Batcher(
@@ -427,9 +463,8 @@ def serve_model(
         one_request=args.no_batching,
         open_stream=open_stream,
     )
-    served = ServedModel(model_id, sources, targets, batcher, count_tokens, info, defaults)
-    served.check_terms = check_terms  # on the event loop: tokenizing only, no model call
-    return served
+    facts = {"defaults": defaults, "precision": precision, "device": device}
+    return batcher, {**facts, **loaded_facts(model, tokenizer)}
 
 
 def model_decoding(args: argparse.Namespace, defaults: Any, path: str, device: str) -> Any:

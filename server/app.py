@@ -60,7 +60,7 @@ Handler = Callable[[Request], Any]
 
 def create_app(service: Service, on_startup: Callable[[], None] | None = None) -> Any:
     """The ASGI app (Starlette inside the metrics middleware); its shutdown finishes every
-    queued job of every model, then stops the model threads."""
+    queued job of every model, then stops the model processes."""
     service.metrics = Metrics(
         {m.id: (lambda b=m.batcher: b.queued) for m in service.models},
         lambda: service.in_flight,

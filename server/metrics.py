@@ -8,7 +8,7 @@ Names (all with the prefix `attnmt_`):
 - `translate_requests_total{model, api}`: translation requests routed to a model (`api`:
   `attnmt` or `libretranslate`);
 - `batch_sentences{model}` (histogram): sentences per model call; `batch_duration_seconds{model}`;
-- `queue_depth{model}`: requests waiting for the model thread (read at scrape time);
+- `queue_depth{model}`: requests sent to the model and not yet answered (read at scrape time);
 - `in_flight`: requests received and not yet answered;
 - `sentences_translated_total{model}`, `tokens_translated_total{model, side}` (`side`:
   `source` or `target` subwords, the target's best hypothesis without EOS).
@@ -75,7 +75,7 @@ class Metrics:
         r.register(_Gauges(queues, in_flight))
 
     def batch(self, model: str, sentences: int, src_tokens: int, tgt_tokens: int, seconds: float):
-        """One model call of `model` (called on its model thread)."""
+        """One model call of `model` (called on the thread that reads its process's replies)."""
         self.batch_sentences.labels(model).observe(sentences)
         self.batch_seconds.labels(model).observe(seconds)
         self.sentences.labels(model).inc(sentences)
@@ -92,7 +92,9 @@ class _Gauges:
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         depth = GaugeMetricFamily(
-            f"{PREFIX}_queue_depth", "requests waiting for the model thread", labels=["model"]
+            f"{PREFIX}_queue_depth",
+            "requests sent to the model and not yet answered",
+            labels=["model"],
         )
         for model, queued in self.queues.items():
             depth.add_metric([model], queued())

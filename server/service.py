@@ -17,6 +17,7 @@ from attnmt.server.batcher import Batcher
 from attnmt.server.documents import FileStore
 from attnmt.server.keys import KeyRing
 from attnmt.server.metrics import Metrics
+from attnmt.server.worker import ModelProcess
 
 
 class Limits(NamedTuple):
@@ -36,13 +37,13 @@ class Limits(NamedTuple):
 
 @dataclass
 class ServedModel:
-    """One model: its id, languages, batcher (model thread), source length function and the
+    """One model: its id, languages, batcher (its process), source length function and the
     facts `GET /info` reports."""
 
     id: str
     sources: list[str]
     targets: list[str]
-    batcher: Batcher
+    batcher: Batcher | ModelProcess
     count_tokens: Callable[[list[str]], int]  # longest of the sentences, in source tokens
     info: dict[str, Any] = field(default_factory=dict)
     # What a request that names no search option gets: the model's run decoding (as
