@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="lines translated (length-sorted) and saved at a time; a resumed run loses at "
         "most one chunk (default: 10000)",
     )
+    add(
+        "--keep-original",
+        action="store_true",
+        help="train.<src> and train.<tgt> also hold the corpus's own pairs, after the "
+        "teacher's: the student learns from both (docs/distillation.md)",
+    )
     add("--threads", type=number(int, 1), metavar="N", help="torch CPU threads (default: torch's)")
     add_search_flags(parser)  # --beam, ...: as translate.py, the first teacher run's by default
     add_runtime_flags(parser)
@@ -123,8 +129,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
     out = distill_corpus(
-        translate, args.data_dir, args.out, src, tgt, settings, args.chunk_lines, log
-    )
+        translate, args.data_dir, args.out, src, tgt, settings, args.chunk_lines, log,
+        args.keep_original,
+    )  # fmt: skip
     log(f"done: train.py data.dir={out} trains on the teacher's translations")
 
 

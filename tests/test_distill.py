@@ -81,6 +81,45 @@ def test_a_run_killed_mid_chunk_resumes_to_the_uninterrupted_result(tmp_path: Pa
     assert (tmp_path / "out" / "train.en").read_bytes() == (whole / "train.en").read_bytes()
 
 
+def test_keep_original_puts_the_corpus_pairs_after_the_teachers_also_when_killed_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = corpus(tmp_path / "data", 12)
+    sources = (data / "train.de").read_text().splitlines()
+    originals = (data / "train.en").read_text().splitlines()
+    moves = []
+    real_replace = os.replace
+
+    def dies_moving_the_second_file(a, b):  # noqa: ANN001, ANN202
+        moves.extend([b] if Path(b).name.startswith("train.") else [])
+        if len(moves) == 2:  # train.de is in, train.en not yet, the work folder is there
+            raise KeyboardInterrupt
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", dies_moving_the_second_file)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        distill_corpus(reverse_words, data, out, "de", "en", SETTINGS, 5, print, True)
+    assert not (out / "distill.json").exists()  # unfinished: a rerun finishes it
+    monkeypatch.setattr(os, "replace", real_replace)
+    seen: list[str] = []
+    distill_corpus(
+        lambda lines: seen.extend(lines) or reverse_words(lines),
+        data, out, "de", "en", SETTINGS, 5, print, True,
+    )  # fmt: skip
+    assert not seen  # every chunk was saved: nothing translated again
+    assert (out / "train.de").read_text().splitlines() == sources + sources
+    assert (out / "train.en").read_text().splitlines() == reverse_words(sources) + originals
+    assert json.loads((out / "distill.json").read_text())["keep_original"].endswith("train.en")
+    assert not (out / STATE_DIR).exists()
+    with pytest.raises(UserError, match="other settings"):  # a plain run's state differs
+        (out / "distill.json").unlink()
+        (out / STATE_DIR).mkdir()
+        state = {"settings": {"teachers": ["t"]}, "lines": 0, "bytes": 0}
+        (out / STATE_DIR / "state.json").write_text(json.dumps(state))
+        distill_corpus(reverse_words, data, out, "de", "en", SETTINGS, 5, print, True)
+
+
 def test_other_settings_and_bad_folders_are_one_line(tmp_path: Path) -> None:
     data = corpus(tmp_path / "data", 12)
 

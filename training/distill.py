@@ -4,7 +4,9 @@ training sources become the targets a student is trained on.
 `distill_corpus` writes a corpus folder of the same layout as the one it reads: `train.<src>`
 copied as given, `train.<tgt>` the teacher's translations (line i translates line i), every
 other file (the valid and test splits, other languages) copied. `train.py data.dir=OUT` trains
-on it like on any local corpus.
+on it like on any local corpus. With `keep_original`, the corpus's own pairs follow the
+teacher's in `train.<src>` and `train.<tgt>` (line n + i is the original pair i), so the
+student learns from both (docs/distillation.md#measured-multi30k-en-de).
 
 It resumes: the sources are translated in chunks of `chunk_lines` lines, each appended to
 `OUT/.distill/train.<tgt>` and then recorded (lines and bytes done) in `OUT/.distill/state.json`,
@@ -99,6 +101,7 @@ def distill_corpus(
     settings: dict[str, Any],
     chunk_lines: int = 10_000,
     log: Callable[[str], None] = print,
+    keep_original: bool = False,
 ) -> Path:
     """Translate `data_dir/train.<src>` with `translate` into `out_dir/train.<tgt>`, copy the
     rest of `data_dir` into `out_dir`, and return `out_dir`'s path.
@@ -112,6 +115,8 @@ def distill_corpus(
         raise UserError(f"--out {out} is --data-dir; give the distilled corpus a folder of its own")
     src_file = corpus_file(data, "train", src)
     settings = {**settings, "chunk_lines": chunk_lines, "source": str(src_file.resolve())}
+    if keep_original:  # a key only when set: the settings of runs before it stay equal
+        settings["keep_original"] = str(corpus_file(data, "train", tgt).resolve())
     if (out / SETTINGS_FILE).exists() and (out / f"train.{tgt}").exists():
         log(f"{out} is already distilled ({out / SETTINGS_FILE}); nothing to do")
         return out
@@ -137,17 +142,30 @@ def distill_corpus(
         state = {"settings": settings, "lines": done, "bytes": state["bytes"] + len(text)}
         atomic_write(work / "state.json", json.dumps(state, indent=1))
         progress(done)
-    _finish(data, out, partial, tgt, settings)
+    _finish(data, out, partial, (src, tgt), settings)
     shutil.rmtree(work)
     return out
 
 
-def _finish(data: Path, out: Path, partial: Path, tgt: str, settings: dict) -> None:
-    """Copy the corpus around the translations into `out` (the sources as given), then move
-    them in, then say what made them (`distill.json`, last: its presence means the folder is
-    complete)."""
+def _finish(data: Path, out: Path, partial: Path, pair: tuple[str, str], settings: dict) -> None:
+    """Copy the corpus around the translations into `out` (the sources as given), then the
+    translations (after the original sources, and followed by the original targets, with
+    `keep_original`), each written whole in the work folder and moved in, then say what made
+    them (`distill.json`, last: its presence means the folder is complete). `partial` stays
+    until the work folder goes, so a run killed here redoes this from it."""
+    src, tgt = pair
+    parts = {tgt: [partial]}
+    if "keep_original" in settings:
+        original = corpus_file(data, "train", src)
+        parts = {src: [original, original], tgt: [partial, corpus_file(data, "train", tgt)]}
+    written = {f"train.{lang}{gz}" for lang in parts for gz in ("", ".gz")}
     for item in sorted(data.iterdir()):
-        if item.is_file() and item.name not in {f"train.{tgt}", f"train.{tgt}.gz"}:
+        if item.is_file() and item.name not in written:
             shutil.copy2(item, out / item.name)
-    os.replace(partial, out / f"train.{tgt}")
+    for lang, files in parts.items():
+        whole = partial.with_name(f"whole.{lang}")
+        with open(whole, "w", encoding="utf-8", newline="\n") as f:
+            for path in files:
+                f.writelines(line + "\n" for line in iter_corpus_lines(path))
+        os.replace(whole, out / f"train.{lang}")
     atomic_write(out / SETTINGS_FILE, json.dumps(settings, indent=1) + "\n")
