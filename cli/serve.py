@@ -1,15 +1,16 @@
 """The `serve.py` command line: its flags, loading the model once, and running the server.
 
 `-c` may be given several times (`-c RUN_A -c ID=RUN_B`): each model gets its own process
-(`server.worker`), batching queue and model thread, and is routed to by its languages (`data.languages`) or its id (the
-run dir's name unless `ID=` names it); the first is the default model. The search flags
-(`--beam`, `--length-penalty`, ...) come from `SearchConfig`, as in translate.py, and set the
-server's default options, which each request may override (`server.options`); `--batch-size`
-bounds the sentences of one dynamic batch. `--glossary [ID=]FILE` gives a model a default
-glossary (`decoding.glossary`): FILE alone applies to every model without one of its own, ID=
-to the model of that id; a request's `glossary` entries override it per source term. Flags,
-the checkpoints, the key file, the glossaries and the port are checked before the models
-load; every user mistake raises `UserError` (one line, exit 1) or exits 2 for a bad flag.
+(`server.worker`), batching queue and model thread, and is routed to by its languages
+(`data.languages`) or its id (the run dir's name unless `ID=` names it); the first is the
+default model. The search flags (`--beam`, `--length-penalty`, ...) come from `SearchConfig`,
+as in translate.py, and set the server's default options, which each request may override
+(`server.options`); `--batch-size` bounds the sentences of one dynamic batch. `--glossary
+[ID=]FILE` gives a model a default glossary (`decoding.glossary`): FILE alone applies to every
+model without one of its own, ID= to the model of that id; a request's `glossary` entries
+override it per source term. Flags, the checkpoints, the key file, the glossaries and the port
+are checked before the models load; every user mistake raises `UserError` (one line, exit 1)
+or exits 2 for a bad flag.
 """
 
 from __future__ import annotations
@@ -356,9 +357,9 @@ def serve_model(
     sources, targets = info.pop("languages")
     tokenizer = info.pop("tokenizer")
     record = partial(record_batch, metrics_of, model_id)
+    multilingual = is_multilingual(sources, targets)
+    job = (args, path, defaults, multilingual)
     try:
-        multilingual = is_multilingual(sources, targets)
-        job = (args, path, defaults, multilingual)
         batcher = ModelProcess(load_batcher, job, args.max_queue, record, name=f"model-{model_id}")
     except StartError as e:
         if e.user_error:
