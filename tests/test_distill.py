@@ -112,6 +112,9 @@ def test_keep_original_puts_the_corpus_pairs_after_the_teachers_also_when_killed
     assert (out / "train.en").read_text().splitlines() == reverse_words(sources) + originals
     assert json.loads((out / "distill.json").read_text())["keep_original"].endswith("train.en")
     assert not (out / STATE_DIR).exists()
+    distill_corpus(reverse_words, data, out, "de", "en", SETTINGS, 5, print, True)  # done: as is
+    with pytest.raises(UserError, match="already distilled with other settings"):
+        distill_corpus(reverse_words, data, out, "de", "en", SETTINGS, 5)  # not silently plain
     with pytest.raises(UserError, match="other settings"):  # a plain run's state differs
         (out / "distill.json").unlink()
         (out / STATE_DIR).mkdir()

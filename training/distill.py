@@ -107,8 +107,8 @@ def distill_corpus(
     rest of `data_dir` into `out_dir`, and return `out_dir`'s path.
 
     `settings` (teachers, search, languages: JSON values) is what made the translations; a run
-    that finds an unfinished one with other settings in `out_dir` stops with a `UserError`, and
-    a finished `out_dir` is left as it is.
+    that finds an unfinished or finished one with other settings in `out_dir` stops with a
+    `UserError`, and a finished one with the same settings is left as it is.
     """
     data, out = Path(data_dir), Path(out_dir)
     if data.resolve() == out.resolve():
@@ -118,6 +118,11 @@ def distill_corpus(
     if keep_original:  # a key only when set: the settings of runs before it stay equal
         settings["keep_original"] = str(corpus_file(data, "train", tgt).resolve())
     if (out / SETTINGS_FILE).exists() and (out / f"train.{tgt}").exists():
+        if json.loads((out / SETTINGS_FILE).read_text()) != settings:
+            raise UserError(
+                f"{out} is already distilled with other settings ({out / SETTINGS_FILE}); "
+                "give another --out, or remove it to distill again"
+            )
         log(f"{out} is already distilled ({out / SETTINGS_FILE}); nothing to do")
         return out
     work = out / STATE_DIR
