@@ -162,7 +162,7 @@ def _finish(data: Path, out: Path, partial: Path, pair: tuple[str, str], setting
     parts = {tgt: [partial]}
     if "keep_original" in settings:
         original = corpus_file(data, "train", src)
-        parts = {src: [original, original], tgt: [partial, corpus_file(data, "train", tgt)]}
+        parts = {src: [original, original], tgt: [partial, Path(settings["keep_original"])]}
     written = {f"train.{lang}{gz}" for lang in parts for gz in ("", ".gz")}
     for item in sorted(data.iterdir()):
         if item.is_file() and item.name not in written:
