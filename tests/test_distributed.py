@@ -267,6 +267,51 @@ def test_sigterm_preemption_saves_exact_position_and_resumes(tmp_path):
     )
 
 
+# train.py where only rank 1 can find the time budget spent (rank 0's check always says no) and
+# each rank writes the step at which it tests to $STEPS_DIR/rank<R>.
+ONE_RANK_OUT_OF_TIME = f"""
+import os, runpy, sys
+from pathlib import Path
+from attnmt.training import loop
+from attnmt.training.run import Run
+
+RANK = os.environ["RANK"]
+if RANK == "0":
+    loop._out_of_time = lambda trainer, wall_seconds: False
+real_test = Run.test
+
+def test(self):
+    Path(os.environ["STEPS_DIR"], "rank" + RANK).write_text(str(self.trainee.state.step))
+    return real_test(self)
+
+Run.test = test
+sys.argv[0] = {str(ROOT / "train.py")!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_time_budget_spent_on_one_rank_stops_every_rank_after_the_same_update(tmp_path):
+    """`trainer.max_minutes` under torchrun: the ranks agree on it in the window's collective,
+    so one rank's spent budget (here rank 1's alone) ends every rank's loop after the same
+    update, and all validate, save and test that step together (no hang, exit 0)."""
+    wrapper = tmp_path / "one_rank_out_of_time.py"
+    wrapper.write_text(ONE_RANK_OUT_OF_TIME)
+    run_dir = tmp_path / "run"
+    budget = ("trainer.max_minutes=0.002", "trainer.max_steps=3000", "trainer.dist_timeout=20")
+    proc = _run(
+        torchrun_cmd(2, run_dir, *budget, *COMMON, script=str(wrapper)),
+        env={"STEPS_DIR": str(tmp_path)},
+        timeout=180,
+    )
+    assert proc.returncode == 0, _tail(proc)
+    steps = [int((tmp_path / f"rank{rank}").read_text()) for rank in (0, 1)]
+    assert steps[0] == steps[1] and 0 < steps[0] < 3000 and steps[0] % 3 == 0, steps
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == steps[0] and results["test"]["test"]["bleu"] >= 0
+    assert f"time budget: 0.002 minutes reached at step {steps[0]} " in proc.stdout
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"] == steps[0]
+
+
 def test_elastic_restart_after_a_killed_worker_completes(tmp_path):
     run_dir = tmp_path / "run"
     cmd = torchrun_cmd(

@@ -193,6 +193,7 @@ def _torchrun(run: Path, tmp: Path, steps: int) -> subprocess.Popen:
 def _results(run: Path) -> dict:
     results = json.loads((run / "results.json").read_text())
     results.pop("train_seconds")
+    results.pop("wall_seconds")
     return results
 
 

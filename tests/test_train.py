@@ -233,6 +233,7 @@ def test_fit_sets_the_allocator_only_when_asked(tmp_path, monkeypatch):
         (["trainer.device=cuda"], "no CUDA GPU"),
         (["data.dir=/nonexistent/corpus"], "/nonexistent/corpus"),
         (["data.valid_split=nosuchsplit"], "nosuchsplit"),
+        (["trainer.max_minutes=-1"], "trainer.max_minutes=-1 must be >= 0"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tmp_path, overrides, message):

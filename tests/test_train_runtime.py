@@ -1,9 +1,10 @@
 """What a GPU run and a cluster need, shown on the CPU in one process: host reads per update,
 the prefetching loader, fp16 loss scaling, precision changes on resume, device checks, the
-run-dir lock and preemption of a single process."""
+run-dir lock, preemption of a single process and the time budget (`trainer.max_minutes`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,9 +18,10 @@ import torch
 from attnmt.checkpoint import load_checkpoint, save_checkpoint
 from attnmt.common import runtime
 from attnmt.data.batching import collate, prefetch
-from attnmt.training import build
+from attnmt.training import build, loop
+from attnmt.training.config import ConfigError, Configs
 from attnmt.training.loop import _updates, _Window, fit, train_step
-from attnmt.training.run import Learner
+from attnmt.training.run import Learner, Run
 from attnmt.training.run_dir import RunDirBusy, RunDirLock
 from attnmt.training.state import TrainState
 from tests.host_reads import HostReads
@@ -262,6 +264,107 @@ def test_a_run_stopped_before_validating_an_eval_step_validates_it_on_resume(tmp
     assert validated == ["valid step 6 ", "valid step 7 "]
     assert (ckpt_dir / "step_6.pt").exists()
     assert load_checkpoint(ckpt_dir / "last.pt")["train_state"]["validated_step"] == 7
+
+
+def test_a_time_budget_stops_at_a_log_step_then_validates_saves_and_tests(tmp_path, caplog):
+    """`trainer.max_minutes`: the run leaves the loop at a log step long before max_steps and
+    ends as at max_steps: validated, saved (last.pt = that step) and tested (results.json)."""
+    budget = 0.005  # minutes: 0.3 s
+    cfg = toy_cfg(
+        tmp_path,
+        f"trainer.max_minutes={budget}",
+        "trainer.max_steps=3000",  # ~10 s without the budget
+        "trainer.log_every=3",
+        "trainer.eval_every=1000",
+    )
+    with caplog.at_level("INFO", logger="attnmt.training"):
+        outcome = fit(cfg, tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    steps = results["steps"]
+    assert outcome.preempted is None and outcome.results["steps"] == steps
+    assert 0 < steps < 1000 and steps % 3 == 0
+    assert f"time budget: {budget:g} minutes reached at step {steps} (wall " in caplog.text
+    assert f"valid step {steps} " in caplog.text
+    assert {"bleu", "chrf", "signature"} <= set(results["test"]["test"])
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["train_state"]
+    assert state["step"] == state["validated_step"] == steps
+    assert state["wall_seconds"] >= 60 * budget  # counted before the save of the final state
+    assert results["wall_seconds"] >= round(state["wall_seconds"], 1)
+
+
+def test_the_time_budget_counts_validations_and_ends_at_the_first_log_step_past_it(
+    tmp_path, monkeypatch
+):
+    """Validations (here 0.2 s each) count against the budget; `train_seconds` leaves them
+    out. The budget is checked at each log step, and the first at or past it is the last."""
+    checks, real_out_of_time = [], loop._out_of_time
+    validations, real_validate = [], Run.validate
+
+    def out_of_time(trainer, wall_seconds):
+        checks.append((wall_seconds, real_out_of_time(trainer, wall_seconds)))
+        return checks[-1][1]
+
+    def slow_validate(run):
+        validations.append(run.trainee.state.step)
+        time.sleep(0.2)
+        return real_validate(run)
+
+    monkeypatch.setattr(loop, "_out_of_time", out_of_time)
+    monkeypatch.setattr(Run, "validate", slow_validate)
+    cfg = toy_cfg(
+        tmp_path,
+        "trainer.max_minutes=0.01",  # 0.6 s: three or four slowed validations
+        "trainer.max_steps=100",
+        "trainer.log_every=2",
+        "trainer.eval_every=4",
+    )
+    fit(cfg, tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    steps = results["steps"]
+    assert [over for _, over in checks] == [False] * (len(checks) - 1) + [True]
+    assert len(checks) == steps // 2 and checks[-1][0] >= 0.6 > checks[-2][0]
+    assert validations == list(range(4, steps + 1, 4)) + ([steps] if steps % 4 else [])
+    slept = 0.2 * len(validations)  # in wall_seconds, not in train_seconds (0.1: rounding)
+    assert results["train_seconds"] + slept <= results["wall_seconds"] + 0.1
+
+
+def test_a_resumed_run_goes_on_counting_its_wall_time(tmp_path, caplog):
+    """`wall_seconds` is saved in last.pt and grows across a resume; a checkpoint without it
+    (older) resumes from 0; a run whose budget was spent before it resumed stops at its first
+    log step."""
+    run_dir, last = tmp_path / "run", tmp_path / "run" / "checkpoints" / "last.pt"
+    common = ("trainer.log_every=2", "trainer.eval_every=4")
+    fit(toy_cfg(tmp_path, *common, "trainer.max_steps=4"), run_dir)
+    first = load_checkpoint(last)["train_state"]["wall_seconds"]
+    fit(toy_cfg(tmp_path, *common, "trainer.max_steps=8"), run_dir)
+    ckpt = load_checkpoint(last)
+    second = ckpt["train_state"]["wall_seconds"]
+    assert 0 < first < second
+
+    del ckpt["train_state"]["wall_seconds"]  # as written before the key existed
+    save_checkpoint(last, ckpt)
+    fit(toy_cfg(tmp_path, *common, "trainer.max_steps=10"), run_dir)
+    ckpt = load_checkpoint(last)
+    assert ckpt["train_state"]["step"] == 10 and ckpt["train_state"]["wall_seconds"] > 0
+
+    ckpt["train_state"]["wall_seconds"] = 3600.0  # an hour spent by the runs before
+    save_checkpoint(last, ckpt)
+    over = ("trainer.max_minutes=60", "trainer.max_steps=40")
+    with caplog.at_level("INFO", logger="attnmt.training.loop"):
+        fit(toy_cfg(tmp_path, *common, *over), run_dir)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == 12 and results["wall_seconds"] >= 3600  # not 40: not from zero
+    assert "time budget: 60 minutes reached at step 12 (wall 36" in caplog.text
+
+
+def test_max_minutes_is_a_stop_criterion_of_its_own_and_never_negative(tmp_path):
+    alone = ("trainer.max_steps=0", "trainer.max_epochs=0")
+    configs = Configs.from_hydra(toy_cfg(tmp_path, *alone, "trainer.max_minutes=1.5"))
+    assert configs.trainer.max_minutes == 1.5
+    with pytest.raises(ConfigError, match="max_minutes are all 0"):
+        Configs.from_hydra(toy_cfg(tmp_path, *alone))
+    with pytest.raises(ConfigError, match=r"trainer.max_minutes=-1 must be >= 0"):
+        Configs.from_hydra(toy_cfg(tmp_path, "trainer.max_minutes=-1"))
 
 
 def test_compiled_training_traces_each_graph_once_and_a_second_epoch_compiles_nothing(tmp_path):

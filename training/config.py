@@ -51,6 +51,7 @@ class TrainerConfig:
     update_freq: int = 1
     max_steps: int = 100_000
     max_epochs: int = 0
+    max_minutes: float = 0.0
     eval_every: int = 1000
     log_every: int = 50
     keep_last: int = 5
@@ -136,9 +137,15 @@ class Configs:
             raise ConfigError(
                 f"trainer.ema_decay={trainer.ema_decay} must be in [0, 1) (0 = off; e.g. 0.999)"
             )
-        if trainer.max_steps <= 0 and trainer.max_epochs <= 0:
+        if trainer.max_minutes < 0:
             raise ConfigError(
-                "trainer.max_steps and trainer.max_epochs are both 0: set one of them"
+                f"trainer.max_minutes={trainer.max_minutes} must be >= 0 (the run's wall time "
+                "budget in minutes; 0 = no limit)"
+            )
+        if trainer.max_steps <= 0 and trainer.max_epochs <= 0 and trainer.max_minutes <= 0:
+            raise ConfigError(
+                "trainer.max_steps, trainer.max_epochs and trainer.max_minutes are all 0: set one "
+                "of them"
             )
         if self.model.share_embeddings and not self.tokenizer.joint:
             raise ConfigError(

@@ -109,6 +109,7 @@ def results_summary(
         "best_step": state.best_step,
         "epochs": state.epoch,
         "train_seconds": round(state.train_seconds, 1),
+        "wall_seconds": round(state.wall_seconds, 1),
         "nonfinite_updates": state.nonfinite_total,
         "rollbacks": state.rollbacks,
         "dropped_pairs": dict(dropped or {}),

@@ -10,7 +10,8 @@ updates: valid loss + BLEU/chrF -> TensorBoard -> checkpoints/{last,best,step_N}
 Host syncs: none in an update. A non-finite loss or gradient norm skips the update on the
 device (`_masked_step`); loss sums, the gradient norm and the skip counters stay on the device
 until `read_window` reads them in one transfer every `log_every` updates (and before each
-validation), which is also when divergence is acted on (`handle_divergence`).
+validation), which is also when divergence is acted on (`handle_divergence`) and when the
+ranks agree on a stop request or the end of the time budget (`trainer.max_minutes`).
 """
 
 from __future__ import annotations
@@ -94,10 +95,11 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
 
 
 def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
-    """Update until `max_steps`/`max_epochs`/patience or a stop request, validating every
-    `eval_every` updates; then test the best checkpoint."""
+    """Update until `max_steps`/`max_epochs`/`max_minutes`/patience or a stop request,
+    validating every `eval_every` updates; then test the best checkpoint."""
     run = Run.start(cfg, run_dir, ctx)
     trainer, state = cfg.trainer, run.trainee.state
+    clock = _WallClock(state)
     at_eval_step = state.step > 0 and state.step % trainer.eval_every == 0
     if at_eval_step and state.validated_step != state.step:
         run.validate_and_save()  # the last run stopped between this update and its validation
@@ -137,15 +139,26 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
             # torchrun the ranks agree on it when they read the window (every log_every).
             asked = not ctx.enabled and stop.requested()
             if asked or at_eval or state.step % trainer.log_every == 0:
-                reading = read_window(run, window, stop.requested())
+                late = _out_of_time(trainer, clock.tick())
+                reading = read_window(run, window, stop.requested(), late)
                 progress.set_postfix(reading.postfix)
-                stop_now = reading.stop
+                stop_now, out_of_time = reading.stop, reading.out_of_time
                 if reading.diverged:
                     handle_divergence(run, window)
             else:
-                stop_now = False
+                stop_now = out_of_time = False
+            if out_of_time and not stop_now:  # every rank leaves after this same update
+                log.info(
+                    "time budget: %g minutes reached at step %d (wall %.1f s); validating "
+                    "and testing",
+                    trainer.max_minutes,
+                    state.step,
+                    state.wall_seconds,
+                )
+                break  # and ends as at max_steps
             if stop_now or at_eval:
                 state.train_seconds += time.perf_counter() - started
+                clock.tick()  # what last.pt records, so that a resumed run goes on counting
                 if stop_now:  # every rank stops after this same update, before validating it
                     reason = stop.reason or "a stop request on another rank"
                     run.stop(reason)
@@ -155,11 +168,13 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     progress.close()
     state.train_seconds += time.perf_counter() - started
     if window.updates:
-        reading = read_window(run, window, False)
+        reading = read_window(run, window, False, False)
         if reading.diverged:
             handle_divergence(run, window)
+    clock.tick()
     if state.validated_step != state.step:
         run.validate_and_save()  # the final state is always validated and saved
+    clock.tick()  # results.json's wall_seconds: the final validation included
     return Outcome(run.test())
 
 
@@ -232,18 +247,20 @@ def _masked_step(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
 
 @dataclass
 class Reading:
-    """What `read_window` read: the log line's values, whether to stop and whether the run
-    diverged (`trainer.max_nonfinite` skipped updates in a row)."""
+    """What `read_window` read: the log line's values, whether to stop (a stop request), whether
+    the run diverged (`trainer.max_nonfinite` skipped updates in a row) and whether its time
+    budget is spent (`trainer.max_minutes`), each agreed by all ranks."""
 
     postfix: dict[str, str]
     stop: bool
     diverged: bool
+    out_of_time: bool
 
 
-def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
+def read_window(run: Run, window: _Window, stop_requested: bool, out_of_time: bool) -> Reading:
     """Read the window's device values in one transfer (after one collective under torchrun,
-    which also agrees on `stop_requested`), log them, count skipped updates into the train
-    state, check the fp16 loss scale, and start a new window.
+    which also agrees on `stop_requested` and `out_of_time`: one rank's is every rank's), log
+    them, count skipped updates into the state, check the fp16 loss scale, start a new window.
 
     Raises:
         TrainingError: fp16 gradients overflow even at the smallest loss scale.
@@ -259,6 +276,7 @@ def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
             _full(window.tgt_tokens, device).double(),
             _full(window.all_tokens, device).double(),
             _full(stop_requested, device).double(),
+            _full(out_of_time, device).double(),
         ]
     )
     same = torch.stack(  # identical on every rank: derived from all-reduced values
@@ -273,8 +291,8 @@ def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
         ]
     )  # fmt: skip
     values = torch.cat([distributed.all_reduce_(summed, ctx), same]).tolist()  # the one read
-    loss_sum, nll_sum, applied, tgt, all_tokens, stops = values[:6]
-    grad_norm, skipped, overflows, max_streak, streak, scale = values[6:]
+    loss_sum, nll_sum, applied, tgt, all_tokens, stops, late = values[:7]
+    grad_norm, skipped, overflows, max_streak, streak, scale = values[7:]
     seconds = time.perf_counter() - window.started
     nan = float("nan")  # every update of the window skipped: no loss to show
     loss, nll = (loss_sum / applied, nll_sum / applied) if applied else (nan, nan)
@@ -334,6 +352,7 @@ def read_window(run: Run, window: _Window, stop_requested: bool) -> Reading:
         {"loss": f"{loss:.3f}", "lr": f"{lr:.1e}", "tok/s": f"{tok_s:.0f}"},
         stops > 0,
         max_streak >= trainer.max_nonfinite,
+        late > 0,
     )
 
 
@@ -411,6 +430,11 @@ def _updates(
         state.epoch, state.batches_done = state.epoch + 1, 0
 
 
+def _out_of_time(trainer: TrainerConfig, wall_seconds: float) -> bool:
+    """Whether this rank's count of the run's wall time has reached `trainer.max_minutes`."""
+    return trainer.max_minutes > 0 and wall_seconds >= 60.0 * trainer.max_minutes
+
+
 def _should_stop(state: TrainState, trainer: TrainerConfig) -> bool:
     if trainer.max_steps and state.step >= trainer.max_steps:
         return True
@@ -420,6 +444,19 @@ def _should_stop(state: TrainState, trainer: TrainerConfig) -> bool:
         log.info("early stop: valid BLEU did not improve for %d validations", state.bad_evals)
         return True
     return False
+
+
+class _WallClock:
+    """The run's wall time in the training loop, validations included: what earlier runs of
+    this run dir spent (`state.wall_seconds` as `last.pt` saved it) plus this run's time since
+    its loop started. `tick()` writes it into `state` (before each save and each check)."""
+
+    def __init__(self, state: TrainState) -> None:
+        self.state, self.before, self.started = state, state.wall_seconds, time.perf_counter()
+
+    def tick(self) -> float:
+        self.state.wall_seconds = self.before + time.perf_counter() - self.started
+        return self.state.wall_seconds
 
 
 @dataclass

@@ -50,7 +50,8 @@ class TrainState:
     rollbacks: int = 0  # rollbacks to last.pt after a divergence (trainer.on_divergence)
     lr_scale: float = 1.0  # the schedule's lr times this (lowered by each rollback)
     valid_loss: float | None = None  # the last validation's loss (NaN: not a good checkpoint)
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0  # in the training loop, validations left out, summed over resumes
+    wall_seconds: float = 0.0  # in the training loop, validations included, summed over resumes
     validated_step: int = -1  # the last step validated (a preempted run may stop before one)
 
 
