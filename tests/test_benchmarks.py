@@ -345,3 +345,63 @@ def test_several_runs_with_their_own_tokenizers_in_one_table(
     # ids are compared with ours only within one tokenizer's vocabulary
     assert report["systems"]["CTranslate2 fp32"]["greedy"]["same_ids_as_ours"] >= 12
     assert report["systems"]["attnmt (run)"]["greedy"]["same_ids_as_ours"] is None
+
+
+# ------------------------------------------------- fine-tuning an import (benchmarks/finetune.py)
+
+
+def test_finetune_benchmark_trains_both_on_the_same_batches(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """benchmarks/finetune.py at the import tests' NARROW widths on the toy corpus (CPU, bf16):
+    the first batch's NLL agrees (fp32 exactly, bf16 within its tolerance), both systems train
+    on the same tokens, and the JSON holds what the table prints."""
+    pytest.importorskip("transformers", reason="transformers is not installed (.[export] extra)")
+    from benchmarks import finetune
+
+    toy = Path(__file__).parent / "fixtures" / "toy"
+    path = tmp_path / "finetune.json"
+    flags = ["--tiny", "--layers", "1", "--vocab", "200", "--device", "cpu", "--batch-tokens",
+             "128", "--updates", "4", "--warmup", "1", "--src", str(toy / "train.en"),
+             "--tgt", str(toy / "train.de"), "--json", str(path)]  # fmt: skip
+    assert finetune.main(flags) == 0
+    assert "ratio ours/transformers (tokens/s)" in capsys.readouterr().out
+    report = json.loads(path.read_text())
+    assert set(report["check"]) == {"fp32", "bf16"}
+    assert all(check["passed"] for check in report["check"].values())
+    assert report["check"]["fp32"]["rel_diff"] < 1e-4
+    ours, theirs = report["results"]["ours"], report["results"]["transformers"]
+    assert ours["tokens"] == theirs["tokens"] > 0
+    for r in (ours, theirs):
+        assert r["tokens_per_s"] > 0 and r["ms_median"] > 0 and r["peak_bytes"] is None
+        assert len(r["losses"]) == len(r["ms"]) == 4 and len(r["rounds"]) == 2
+        assert all(0 < loss < 20 for loss in r["losses"])
+    assert report["meta"]["params"]["ours"] == report["meta"]["params"]["transformers"]
+    assert len(report["ratio"]["per_round"]) == 2 and report["ratio"]["ours/transformers"] > 0
+
+
+# ------------------------------------------------- the training step (benchmarks/train_step.py)
+
+
+def test_train_step_report_times_train_pys_update_without_host_reads(tmp_path: Path) -> None:
+    """benchmarks/train_step.py on the CPU: train.py's update (eager, bf16) on rotating batch
+    shapes reads nothing back to the host, the profiler saw operators for most of the wall
+    time, and tokens/s is the timed tokens over the timed time."""
+    from benchmarks import train_step
+
+    path = tmp_path / "step.json"
+    flags = ["--device", "cpu", "--presets", "tiny", "--variants", "bf16", "--vocab", "300",
+             "--batch-tokens", "256", "--max-lens", "6,9", "--cycles", "2",
+             "--profile-updates", "2", "--json", str(path)]  # fmt: skip
+    assert train_step.main(flags) == 0
+    report = json.loads(path.read_text())
+    (entry,) = report["entries"]
+    assert (entry["preset"], entry["variant"]) == ("tiny", "bf16")
+    assert entry["syncs_per_update"] == 0  # tests/host_reads.py's count, eager
+    assert 0 < entry["busy"] <= 1.0 and entry["kernels_per_update"] > 0
+    assert entry["mfu"] is None and entry["peak_memory_gib"] is None  # GPU only
+    per_update = entry["tokens_per_update"] / (entry["ms_per_update"] / 1e3)
+    assert entry["tokens_per_s"] == pytest.approx(per_update)
+    low, high = entry["ms_per_update_range"]
+    assert low <= entry["ms_per_update"] <= high
+    assert entry["flops_per_update"] > 6 * entry["params"] * 0.5  # at least a token's worth

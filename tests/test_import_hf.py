@@ -222,9 +222,13 @@ def marian_folder(folder: Path, config: dict[str, Any], src_lines: list[str],
     return folder
 
 
-def nllb_folder(folder: Path, lines: list[str], vocab: int, seed: int = 0) -> Path:
+def nllb_folder(folder: Path, lines: list[str], vocab: int, seed: int = 0,
+                overrides: dict[str, Any] | None = None, decodable: bool = True) -> Path:  # fmt: skip
     """An NLLB folder: sentencepiece.bpe.model, tokenizer.json, tokenizer_config.json (the
-    language codes), config.json (2 spare embedding rows, as the real 256206), weights."""
+    language codes), config.json (2 spare embedding rows, as the real 256206), weights.
+    `overrides`: config.json values over the narrowed ones (benchmarks/finetune.py: the real
+    widths); `decodable=False` keeps Transformers' own initialisation (no peaked logits, no
+    reachable EOS: a model to fine-tune, not to decode)."""
     folder.mkdir(parents=True)
     staging = folder.parent / f"{folder.name}.spm"
     staging.mkdir()
@@ -237,12 +241,14 @@ def nllb_folder(folder: Path, lines: list[str], vocab: int, seed: int = 0) -> Pa
     (folder / "sentencepiece.bpe.model").write_bytes(
         (staging / "sentencepiece.bpe.model").read_bytes()
     )
-    settings = {**NLLB_600M, **NARROW, "vocab_size": len(tokenizer) + 2}
+    settings = {**NLLB_600M, **NARROW, **(overrides or {}), "vocab_size": len(tokenizer) + 2}
     model = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**settings))
-    peaked_(model, seed, settings["pad_token_id"])
-    first = tokenizer.convert_tokens_to_ids("deu_Latn")  # the target language token, forced
-    inputs = tokenizer(lines[:64], padding=True, return_tensors="pt")
-    eos_reachable_(model, settings["eos_token_id"], settings["pad_token_id"], seed, inputs, first)
+    if decodable:
+        peaked_(model, seed, settings["pad_token_id"])
+        first = tokenizer.convert_tokens_to_ids("deu_Latn")  # the target language token, forced
+        inputs = tokenizer(lines[:64], padding=True, return_tensors="pt")
+        pad, eos = settings["pad_token_id"], settings["eos_token_id"]
+        eos_reachable_(model, eos, pad, seed, inputs, first)
     model.save_pretrained(str(folder))
     return folder
 

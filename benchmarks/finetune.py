@@ -1,0 +1,349 @@
+"""Fine-tuning an imported NLLB-shaped model in bf16: ours against a plain Transformers loop.
+
+The import tests' `nllb_folder` (Transformers' own init; NLLB-600M's widths, `--layers` a side,
+BPE trained on the corpus), imported by `import_hf.py` and loaded as `trainer.init_from` loads
+it. The same batches (our pipeline and `TokenBatchSampler`), on the device, in the same order,
+go to ours (`training.loop.train_step` as train.py runs it, eager) and to a plain Transformers
+loop (fp32 weights, sdpa, autocast, `F.cross_entropy(label_smoothing=)`, ours' clip, fused Adam
+with ours' betas, eps and lr of each update). The first batch's NLL (eval mode) must agree; then
+`--warmup` untimed and `--updates` timed updates each, in `--rounds` rounds, the order rotating.
+Peak memory: weights, buffers, Adam state + the largest allocation above what was allocated when
+its updates began (the other system stays resident).
+
+    python -m benchmarks.finetune --json finetune.json  # GPU: 12+12 layers x 1024, 4096 tokens
+    python -m benchmarks.finetune --tiny --updates 20 --warmup 2 --batch-tokens 1024   # a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+
+from attnmt.cli import import_hf
+from attnmt.common.errors import UserError, exit_status
+from attnmt.data.dataset import _encode_batch
+from attnmt.training import build, distributed
+from attnmt.training.config import Configs
+from attnmt.training.init import initial_checkpoint
+from attnmt.training.kernels import label_smoothed_cross_entropy
+from attnmt.training.loop import _Window, train_step
+from attnmt.training.run import Learner
+from attnmt.training.state import seed_everything
+from benchmarks.benchmark import ROOT, version
+from benchmarks.peers import cpu_model
+
+LANGS = ("eng_Latn", "deu_Latn")
+OURS, HF = "ours", "transformers"
+NLL_TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}  # relative, the mean NLL of the first batch
+LOGIT_TOLERANCE = 1e-3  # fp32: max |logit difference| / the logits' std
+
+
+def build_and_import(args: argparse.Namespace, tmp: Path, lines: list[str]) -> Path:
+    """The Transformers folder, and our import of it (`import_hf.py` as users run it)."""
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    from tests.test_import_hf import NARROW, NLLB_600M, nllb_folder, transformers
+
+    transformers.logging.disable_progress_bar()
+    sizes = {**(NARROW if args.tiny else {k: NLLB_600M[k] for k in NARROW}),
+             "encoder_layers": args.layers, "decoder_layers": args.layers}  # fmt: skip
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    folder = nllb_folder(tmp / "hf", lines, args.vocab, args.seed, sizes, decodable=False)
+    args.seconds["spm + build + save"], started = time.perf_counter() - started, time.perf_counter()
+    flags = ["--out", str(tmp / "run"), "--src-lang", LANGS[0], "--tgt-lang", LANGS[1]]
+    if import_hf.main([str(folder), *flags]) != 0:
+        raise UserError("import_hf.py failed (its message is above)")
+    args.seconds["import"] = time.perf_counter() - started
+    return folder
+
+
+def ours(args: argparse.Namespace, tmp: Path) -> tuple[Learner, Any]:
+    """train.py's config with `trainer.init_from=` the import, the trainee built and loaded as
+    `Run.start` does (without data), and the import's tokenizer for the pair."""
+    overrides = [f"trainer.init_from={tmp / 'run'}", f"trainer.precision={args.precision}",
+                 f"trainer.device={args.device}", f"trainer.max_tokens={args.batch_tokens}",
+                 f"tokenizer.src_lang={LANGS[0]}", f"tokenizer.tgt_lang={LANGS[1]}",
+                 f"optim.warmup_steps={args.lr_warmup}", "logger=none", *args.set]  # fmt: skip
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        cfg = Configs.from_hydra(compose("train", overrides=overrides))
+    ctx = distributed.setup(cfg.trainer.device, tf32=cfg.trainer.tf32)
+    seed_everything(cfg.trainer.seed)
+    initial = initial_checkpoint(cfg, tmp / "bench", set())
+    trainee = build.build_trainee(cfg, initial.tokenizer, ctx.device)
+    initial.load_into(trainee, keep_optimizer=False)
+    seed_everything(cfg.trainer.seed + 1000 * ctx.rank)
+    return Learner(cfg, ctx, trainee, trainee.model), initial.tokenizer  # = build.wrap_model
+
+
+def batches(learner: Learner, tokenizer: Any, src: list[str], tgt: list[str], n: int) -> list:
+    """`n` training batches as train.py makes them (epochs repeated as needed), on the device."""
+    import datasets
+
+    pairs = datasets.Dataset.from_dict(_encode_batch(src, tgt, tokenizer, learner.cfg.data.max_len))
+    data = build.Data(tokenizer, pairs, pairs, {})
+    iterator, made = build.train_batches(data, learner.cfg, learner.ctx), []
+    for epoch in itertools.count():
+        made += list(iterator.epoch(epoch))
+        if len(made) >= n:
+            return [b.to(learner.ctx.device) for b in made[:n]]
+    raise AssertionError
+
+
+def ours_step(learner: Learner) -> Any:
+    window = _Window(learner.ctx.device)
+
+    def step(batch: Any) -> torch.Tensor:  # the label-smoothed loss per target token
+        train_step(learner, [batch], window)
+        learner.trainee.state.step += 1
+        loss = window.loss / batch.n_tgt_tokens  # a device tensor: no host read
+        window.reset()
+        return loss
+
+    return step
+
+
+def hf_step(model: Any, learner: Learner, bf16: bool) -> tuple[Any, torch.optim.Optimizer]:
+    optim, device, vocab = learner.cfg.optim, learner.ctx.device, model.config.vocab_size
+    adam = torch.optim.Adam(model.parameters(), betas=optim.betas, eps=optim.eps, fused=True)
+    updates = itertools.count(1)
+
+    def step(batch: Any) -> torch.Tensor:
+        lr = build.learning_rate(next(updates), optim, model.config.d_model)  # ours' schedule
+        for group in adam.param_groups:
+            group["lr"] = lr
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = model(input_ids=batch.src_ids, attention_mask=batch.src_mask,
+                        decoder_input_ids=batch.tgt_in, use_cache=False)  # fmt: skip
+        loss = F.cross_entropy(out.logits.float().view(-1, vocab), batch.tgt_out.view(-1),
+                               ignore_index=batch.pad_id, label_smoothing=optim.label_smoothing,
+                               reduction="sum") / batch.n_tgt_tokens  # fmt: skip
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip_norm)
+        adam.step()
+        adam.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step, adam
+
+
+def agreement(model: Any, hf: Any, batch: Any, precision: str) -> dict[str, Any]:
+    """Both models' teacher-forced NLL per target token on `batch`, eval mode (fp32: no TF32)."""
+    device, tf32 = batch.src_ids.device, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, precision == "bf16"):
+        mine = model.eval()(batch.src_ids, batch.tgt_in).float()
+        out = hf.eval()(input_ids=batch.src_ids, attention_mask=batch.src_mask,
+                        decoder_input_ids=batch.tgt_in, use_cache=False)  # fmt: skip
+    torch.backends.cuda.matmul.allow_tf32, theirs = tf32, out.logits.float()
+    loss = lambda x: label_smoothed_cross_entropy(x, batch.tgt_out, batch.pad_id, 0.0)  # noqa: E731
+    ours_nll, hf_nll = (loss(x).nll.item() / batch.n_tgt_tokens for x in (mine, theirs))
+    real, rel = batch.tgt_out.ne(batch.pad_id), abs(ours_nll - hf_nll) / hf_nll
+    logits = ((mine - theirs)[real].abs().max() / theirs[real].std()).item()
+    passed = rel < NLL_TOLERANCE[precision] and (precision != "fp32" or logits < LOGIT_TOLERANCE)
+    return {"ours": ours_nll, "transformers": hf_nll, "rel_diff": rel,
+            "logit_err_over_std": logits, "passed": passed}  # fmt: skip
+
+
+def state_bytes(model: torch.nn.Module, adam: torch.optim.Optimizer) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    tensors |= {id(t): t for s in adam.state.values() for t in s.values() if torch.is_tensor(t)}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def mark(cuda: bool) -> Any:
+    """A point in time: a CUDA event on the stream (no host wait), or the host clock."""
+    if not cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def measure(steps: dict, made: list, args: argparse.Namespace, cuda: bool) -> dict:
+    """Warm-up, then `args.rounds` rounds over the timed batches, the order rotating; per
+    system and round: host seconds (synchronized), ms per update (CUDA events: no host waits),
+    losses and the largest allocation above what was allocated when its updates began."""
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    res = {name: {"rounds": [], "ms": [], "losses": [], "transient": 0} for name in steps}
+    for step, batch in itertools.product(steps.values(), made[: args.warmup]):
+        step(batch)
+    timed, names = made[args.warmup :], list(steps)
+    size = -(-len(timed) // args.rounds)
+    for r in range(args.rounds):
+        part = timed[r * size : (r + 1) * size]
+        for name in names[r % 2 :] + names[: r % 2]:
+            sync()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated() if cuda else 0
+            started, marks = time.perf_counter(), [mark(cuda)]
+            for batch in part:
+                res[name]["losses"].append(steps[name](batch))
+                marks.append(mark(cuda))
+            sync()
+            seconds, pairs = time.perf_counter() - started, itertools.pairwise(marks)
+            res[name]["ms"] += [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in pairs]
+            tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in part)
+            res[name]["rounds"].append({"tokens": tokens, "seconds": seconds})
+            peak = torch.cuda.max_memory_allocated() - base if cuda else 0
+            res[name]["transient"] = max(res[name]["transient"], peak)
+    for r in res.values():
+        r["losses"] = torch.stack(r["losses"]).tolist()
+    return res
+
+
+def summarize(res: dict, states: dict, model: Any, timed: list, cuda: bool) -> dict:
+    """Totals per system, and ours / transformers in tokens/s (overall and per round). Model
+    FLOPs: 6 x (encoder parameters x source tokens + (decoder + output layer) x target tokens)."""
+    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    src, tgt = sum(b.n_src_tokens for b in timed), sum(b.n_tgt_tokens for b in timed)
+    decoder = count(model.decoder) + count(model.generator)
+    flops = 6.0 * (count(model.encoder) * src + decoder * tgt)
+    for name, r in res.items():
+        tokens, seconds = (sum(x[k] for x in r["rounds"]) for k in ("tokens", "seconds"))
+        r.update(tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+                 ms_median=statistics.median(r["ms"]), state_bytes=states[name],
+                 peak_bytes=states[name] + r.pop("transient") if cuda else None,
+                 tflops=flops / seconds / 1e12, loss_first10=statistics.fmean(r["losses"][:10]),
+                 loss_last10=statistics.fmean(r["losses"][-10:]))  # fmt: skip
+    rate = lambda x: x["tokens"] / x["seconds"]  # noqa: E731
+    rounds = zip(res[OURS]["rounds"], res[HF]["rounds"], strict=True)
+    return {"ours/transformers": res[OURS]["tokens_per_s"] / res[HF]["tokens_per_s"],
+            "per_round": [rate(a) / rate(b) for a, b in rounds]}  # fmt: skip
+
+
+def print_head(m: dict, timed: list, check: dict) -> None:
+    n, src, tgt = len(timed), sum(b.n_src_tokens for b in timed), sum(b.n_tgt_tokens for b in timed)
+    slots = sum(b.src_ids.numel() + b.tgt_out.numel() for b in timed)
+    print(f"NLLB-shaped, Transformers' init: d_model {m['d_model']}, {m['heads']} heads, FFN "
+          f"{m['ffn']}, {m['layers']}+{m['layers']} layers, vocab {m['vocab']}, "
+          f"{m['params'][OURS]:,} params; {m['precision']} on {m['device']}; torch {m['torch']}, "
+          f"transformers {m['transformers']}; lr warmup {m['optim']['warmup_steps']}\n"
+          "setup: " + ", ".join(f"{k} {v:.1f} s" for k, v in m["seconds"].items()) + "\n"
+          f"batches: {m['pairs']} pairs of {m['src']}, {m['batch_tokens']} batch tokens: "
+          f"{sum(map(len, timed)) / n:.0f} sentences and {src / n:.0f}+{tgt / n:.0f} src+tgt "
+          f"tokens an update, padding {1 - (src + tgt) / slots:.1%}; {m['warmup']} warm-up + "
+          f"{m['updates']} timed updates in {m['rounds']} rounds")  # fmt: skip
+    for precision, c in check.items():
+        print(f"check [{precision}] first batch, eval: NLL/token ours {c['ours']:.5f}, "
+              f"transformers {c['transformers']:.5f}, rel diff {c['rel_diff']:.1e} "
+              f"(< {NLL_TOLERANCE[precision]:g}), max |logit diff| / logit std "
+              f"{c['logit_err_over_std']:.1e}: {'ok' if c['passed'] else 'FAILED'}")  # fmt: skip
+
+
+def print_table(report: dict) -> None:
+    print(f"\n  {'system':<14}{'tokens/s':>11}{'ms/update':>11}{'TFLOP/s':>9}{'peak MiB':>10}"
+          f"{'state MiB':>10}{'loss first10':>14}{'last10':>8}")  # fmt: skip
+    for name, r in report["results"].items():
+        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.0f}"
+        print(f"  {name:<14}{r['tokens_per_s']:>11,.0f}{r['ms_median']:>11.1f}"
+              f"{r['tflops']:>9.3g}{peak:>10}{r['state_bytes'] / 2**20:>10,.0f}"
+              f"{r['loss_first10']:>14.3f}{r['loss_last10']:>8.3f}")  # fmt: skip
+    ratio, rounds = report["ratio"], ", ".join(f"{x:.3f}" for x in report["ratio"]["per_round"])
+    print(f"  ratio ours/transformers (tokens/s): {ratio['ours/transformers']:.3f} "
+          f"(per round: {rounds})")  # fmt: skip
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parse flags, build, import, check, measure, print the table; returns the report."""
+    args, started = parser().parse_args(argv), time.perf_counter()
+    if version("transformers") is None:
+        raise UserError("transformers is not installed (pip install -e '.[export]')")
+    if not 1 <= args.rounds <= args.updates or args.warmup < 0:
+        raise UserError("need 1 <= --rounds <= --updates and --warmup >= 0")
+    from transformers import M2M100ForConditionalGeneration as M2M100
+
+    cuda, args.seconds = args.device.startswith("cuda"), {}
+    args.batch_tokens = args.batch_tokens or (4096 if cuda else 1024)
+    args.layers = args.layers or (2 if args.tiny else 12)
+    data = Path(os.environ.get("ATTNMT_DATA_DIR", ROOT.parent / "shared" / "data")) / "multi30k"
+    data = data if (data / "train.en").is_file() else ROOT / "tests" / "fixtures" / "toy"
+    args.src, args.tgt = args.src or data / "train.en", args.tgt or data / "train.de"
+    src, tgt = ([x.strip() for x in p.read_text("utf-8").splitlines()][: args.max_pairs or None]
+                for p in (args.src, args.tgt))  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_and_import(args, Path(tmp), src + tgt)
+        loading = time.perf_counter()
+        learner, tokenizer = ours(args, Path(tmp))
+        hf = M2M100.from_pretrained(folder, attn_implementation="sdpa", dtype=torch.float32)
+        hf, model = hf.to(learner.ctx.device), learner.trainee.model
+        args.seconds["load both"], loading = time.perf_counter() - loading, time.perf_counter()
+        made = batches(learner, tokenizer, src, tgt, args.warmup + args.updates)
+        args.seconds["batches"], cfg = time.perf_counter() - loading, learner.cfg.model
+        precisions = dict.fromkeys(["fp32", args.precision])  # fp32 first: the exact check
+        check = {p: agreement(model, hf, made[0], p) for p in precisions}
+        meta = {"device": torch.cuda.get_device_name() if cuda else cpu_model(),
+                "torch": torch.__version__, "transformers": version("transformers"),
+                "python": platform.python_version(), "d_model": cfg.d_model, "heads": cfg.n_heads,
+                "ffn": cfg.d_ff, "layers": args.layers, "vocab": cfg.tgt_vocab_size,
+                "params": {OURS: model.num_parameters(), HF: hf.num_parameters()},
+                "batch_tokens": args.batch_tokens, "updates": args.updates, "warmup": args.warmup,
+                "rounds": args.rounds, "precision": args.precision, "attention": "sdpa",
+                "init": "Transformers' own (nllb_folder decodable=False)", "pairs": len(src),
+                "src": str(args.src), "tgt": str(args.tgt), "seconds": args.seconds,
+                "model": asdict(cfg), "optim": asdict(learner.cfg.optim)}  # fmt: skip
+        print_head(meta, made[args.warmup :], check)
+        if not all(c["passed"] for c in check.values()):
+            raise UserError(f"ours and Transformers disagree on the first batch: {check}")
+        step, adam = hf_step(hf.train(), learner, args.precision == "bf16")
+        res = measure({OURS: ours_step(learner), HF: step}, made, args, cuda)
+    states = {OURS: state_bytes(model, learner.trainee.optimizer), HF: state_bytes(hf, adam)}
+    ratio = summarize(res, states, model, made[args.warmup :], cuda)
+    report = {"meta": meta, "check": check, "results": res, "ratio": ratio}
+    print_table(report)
+    args.seconds["total"] = time.perf_counter() - started
+    print(f"total {args.seconds['total']:.1f} s (after the imports)")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return report
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="finetune.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add = p.add_argument
+    # fmt: off
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add("--tiny", action="store_true", help="the import tests' NARROW widths (64, 4 heads, 128)")
+    add("--layers", type=int, default=None, help="a side (default: 12; --tiny 2)")
+    add("--vocab", type=int, default=8000, help="SentencePiece pieces asked for (default 8000)")
+    add("--src", type=Path, help="default: multi30k/train.en of $ATTNMT_DATA_DIR or "
+        "../shared/data, else the toy fixtures'")
+    add("--tgt", type=Path, help="default: train.de beside it")
+    add("--max-pairs", type=int, default=0, help="the first N pairs only (0: all)")
+    add("--batch-tokens", type=int, default=None, help="trainer.max_tokens (GPU 4096, CPU 1024)")
+    add("--updates", type=int, default=200, help="timed updates a system (default 200)")
+    add("--warmup", type=int, default=10, help="untimed updates first (default 10)")
+    add("--rounds", type=int, default=2, help="rounds of the timed updates (default 2)")
+    add("--precision", choices=("bf16", "fp32"), default="bf16")
+    add("--lr-warmup", type=int, default=100,
+        help="optim.warmup_steps (default 100: train.py's 4000 keeps the lr near 0 here)")
+    add("--seed", type=int, default=0, help="the Transformers model's initialisation")
+    add("--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a train.py override for ours (the Transformers loop follows optim)")
+    add("--json", type=Path, help="write the report here")
+    # fmt: on
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return exit_status("finetune.py", lambda: run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
