@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# One command for whoever has an NVIDIA GPU: checks the GPU paths that no CPU machine (and no CI
-# run) can, and prints ONE summary table (exit code, wall time, key number per step).
+# One command for whoever has an NVIDIA GPU: measures and checks the GPU paths that no CPU
+# machine (and no CI run) can, and prints ONE summary table (exit code, wall time, key number).
 #
-#   scripts/gpu_check.sh            # all steps (the Multi30k run needs its data, see below)
-#   scripts/gpu_check.sh --quick    # skip the Multi30k experiment, shorter benchmark
+#   scripts/gpu_check.sh                        # all steps (Multi30k from $DATA_DIR, see 3.)
+#   scripts/gpu_check.sh --quick                # small sizes, no Multi30k run: a smoke check
+#   scripts/gpu_check.sh --out DIR --minutes 5  # logs, JSON and runs under DIR; 3.'s budget
 #
 # Steps:
-#   1. train.py on the toy corpus (tests/fixtures/toy, de->en, debug=fast), one GPU, bf16 +
-#      torch.compile, 40 updates                          -> final step, test BLEU
-#   2. the same under torchrun on 2 GPUs (DDP), only with >= 2 GPUs, else "skipped (1 GPU)"
-#   3. python -m benchmarks.benchmark on the GPU (fp32 / bf16 / bf16+compile, base preset), JSON
-#                                                         -> ours' tokens/s and MFU, bf16+compile
-#   4. train.py experiment=multi30k_en_de_gpu on Multi30k from $DATA_DIR (default
-#      ../shared/data/multi30k); skipped with a message without the data or with --quick
-#                                                         -> steps, test BLEU (results.json)
-# Everything (logs, run dirs, benchmark.json) stays under one new temp dir, printed at the end.
+#   1. python -m benchmarks.train_step: train.py's update for `base` and `big` at 16k tokens,
+#      bf16, eager and compiled: tokens/s, MFU, syncs/update, kernel time over wall time,
+#      peak memory                                        -> the best MFU
+#   2. python -m benchmarks.finetune: an imported NLLB-shaped model fine-tuned in bf16, ours
+#      against a plain Transformers loop on the same batches -> tokens/s, peak memory
+#   3. train.py experiment=multi30k_en_de_gpu with trainer.max_minutes=$MINUTES (default 5)
+#      on Multi30k from $DATA_DIR (default ../shared/data/multi30k), alone on the GPU; skipped
+#      with a message without the data or with --quick  -> updates, test BLEU, wall seconds
+#   4. train.py on the toy corpus under torchrun on 2 GPUs (DDP), only with >= 2 GPUs
+# --quick runs 1. and 2. at small sizes, and a 40-update bf16 + compile toy run as 3.
 # Uses the repo's .venv/bin/python when present, else python3 (override: PYTHON=...).
 # Exits 1 when there is no CUDA GPU (one line, nothing run) or when any step failed.
 
@@ -23,13 +25,17 @@ set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-QUICK=0
-for arg in "$@"; do
-    case "$arg" in
+QUICK=0 OUT_DIR="" MINUTES=5
+while [[ $# -gt 0 ]]; do
+    case "$1" in
         --quick) QUICK=1 ;;
-        -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "gpu_check.sh: unknown argument '$arg' (use --quick or --help)" >&2; exit 2 ;;
+        --out) OUT_DIR="${2:?gpu_check.sh: --out needs a folder}"; shift ;;
+        --minutes) MINUTES="${2:?gpu_check.sh: --minutes needs a number}"; shift ;;
+        -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument '$1' (use --quick, --out DIR, --minutes N or" \
+               "--help)" >&2; exit 2 ;;
     esac
+    shift
 done
 
 if [[ -n "${PYTHON:-}" ]]; then
@@ -46,7 +52,11 @@ if ! "$PY" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; 
     exit 1
 fi
 
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
+if [[ -n "$OUT_DIR" ]]; then
+    mkdir -p "$OUT_DIR" && WORK="$(cd "$OUT_DIR" && pwd)"
+else
+    WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
+fi
 N_GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())")"
 DATA="${DATA_DIR:-$ROOT/../shared/data/multi30k}"
 TOY=(debug=fast "data.dir=$ROOT/tests/fixtures/toy" data.src_lang=de data.tgt_lang=en
@@ -56,6 +66,8 @@ TOY=(debug=fast "data.dir=$ROOT/tests/fixtures/toy" data.src_lang=de data.tgt_la
 
 echo "gpu_check.sh: $N_GPUS GPU(s): $("$PY" -c \
     "import torch; print(torch.cuda.get_device_name(0), '| torch', torch.__version__)")"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+    sed 's/^/gpu_check.sh: nvidia-smi: /'
 echo "gpu_check.sh: logs, run dirs and JSON under $WORK"
 
 STEPS=() CODES=() SECONDS_=() KEYS=()
@@ -80,6 +92,7 @@ run_step() {
     end=$(date +%s.%N)
     if [[ $code -eq 0 ]]; then
         key="$("$key_fn" "$key_arg" 2>&1 | tail -n 1)"
+        tail -n 12 "$log" | sed 's/^/   | /'
     else
         FAILED=1
         key="FAILED, see $log"
@@ -97,30 +110,67 @@ results_key() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 tests = ", ".join(f"{split} BLEU {s['bleu']:.2f}" for split, s in r["test"].items())
-print(f"step {r['steps']} (best {r['best_step']}), valid BLEU {r['valid']['bleu']:.2f}, {tests}")
+wall = f", wall {r['wall_seconds']:.0f} s" if "wall_seconds" in r else ""
+print(f"step {r['steps']} (best {r['best_step']}), valid BLEU {r['valid']['bleu']:.2f}, "
+      f"{tests}{wall}")
 EOF
 }
 
-# benchmark_key JSON: ours' training tokens/s and MFU, bf16+compile at the largest batch.
-benchmark_key() {
+# step_key JSON: the best MFU of benchmarks.train_step's entries.
+step_key() {
     "$PY" - "$1" <<'EOF'
 import json, sys
-report = json.load(open(sys.argv[1]))
-entries = sorted(report["train"], key=lambda e: ("compile" in e["variant"], e["batch_tokens"]))
-if not entries:
-    sys.exit("no training entries in the benchmark JSON")
-e = entries[-1]
-r = e["results"]["ours"]
-mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-print(f"{e['variant']} {e['batch_tokens']} tok: {r['tokens_per_s']:,.0f} tok/s, MFU {mfu}")
+e = max(json.load(open(sys.argv[1]))["entries"], key=lambda e: e["mfu"] or 0)
+print(f"best: {e['preset']} {e['variant']} {e['tokens_per_s']:,.0f} tok/s, "
+      f"MFU {100 * (e['mfu'] or 0):.1f}%, busy {100 * e['busy']:.0f}%")
 EOF
 }
 
-# 1. One GPU, bf16 + torch.compile, on the toy corpus.
-run_step "train 1 GPU bf16+compile (toy)" "$WORK/train_1gpu.log" results_key "$WORK/toy_1gpu" -- \
-    "$PY" train.py "${TOY[@]}" "hydra.run.dir=$WORK/toy_1gpu"
+# finetune_key JSON: ours' and Transformers' tokens/s and peak memory.
+finetune_key() {
+    "$PY" - "$1" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(" | ".join(f"{name} {s['tokens_per_s']:,.0f} tok/s, peak {(s['peak_bytes'] or 0) / 2**30:.1f} GiB"
+                 for name, s in r["results"].items()), f"| ours/transformers {r['ratio']['ours/transformers']:.2f}")
+EOF
+}
 
-# 2. Two GPUs under torchrun (python -m torch.distributed.run is torchrun, from this Python).
+# 1. train.py's update, base and big, eager and compiled.
+STEP=(--device cuda --json "$WORK/train_step.json")
+if [[ $QUICK -eq 1 ]]; then
+    STEP+=(--presets tiny --batch-tokens 4096 --cycles 2)
+fi
+run_step "training step (MFU)" "$WORK/train_step.log" step_key "$WORK/train_step.json" -- \
+    "$PY" -m benchmarks.train_step "${STEP[@]}"
+
+# 2. An imported NLLB-shaped model fine-tuned, ours against Transformers.
+TUNE=(--device cuda --json "$WORK/finetune.json")
+if [[ -f "$DATA/train.en" ]]; then
+    TUNE+=(--src "$DATA/train.en" --tgt "$DATA/train.de")
+fi
+if [[ $QUICK -eq 1 ]]; then
+    TUNE+=(--tiny --updates 20)
+fi
+run_step "imported NLLB fine-tune" "$WORK/finetune.log" finetune_key "$WORK/finetune.json" -- \
+    "$PY" -m benchmarks.finetune "${TUNE[@]}"
+
+# 3. Time to BLEU: the GPU Multi30k experiment on a wall-clock budget, alone on the GPU.
+NAME="multi30k_en_de_gpu"
+if [[ $QUICK -eq 1 ]]; then
+    run_step "train 1 GPU bf16+compile (toy)" "$WORK/train_1gpu.log" results_key \
+        "$WORK/toy_1gpu" -- "$PY" train.py "${TOY[@]}" "hydra.run.dir=$WORK/toy_1gpu"
+elif [[ ! -f "$DATA/train.en" ]]; then
+    echo
+    echo "== $NAME: skipped (no Multi30k at $DATA; set DATA_DIR=<folder with train.en ...>)"
+    record "$NAME" "-" "-" "skipped (no data at $DATA)"
+else
+    run_step "$NAME, $MINUTES min" "$WORK/$NAME.log" results_key "$WORK/$NAME" -- \
+        "$PY" train.py "experiment=$NAME" "data.dir=$DATA" "data.cache_dir=$WORK/cache" \
+        "trainer.max_minutes=$MINUTES" trainer.max_steps=0 "hydra.run.dir=$WORK/$NAME"
+fi
+
+# 4. Two GPUs under torchrun (python -m torch.distributed.run is torchrun, from this Python).
 if [[ "$N_GPUS" -ge 2 ]]; then
     run_step "train 2 GPUs torchrun (toy)" "$WORK/train_2gpu.log" results_key \
         "$WORK/toy_2gpu" -- \
@@ -130,30 +180,6 @@ else
     echo
     echo "== train 2 GPUs torchrun (toy): skipped (1 GPU)"
     record "train 2 GPUs torchrun (toy)" "-" "-" "skipped (1 GPU)"
-fi
-
-# 3. The benchmark's GPU defaults: preset base, fp32 / bf16 / bf16+compile, MFU.
-BENCH=(--device cuda --json "$WORK/benchmark.json")
-if [[ $QUICK -eq 1 ]]; then
-    BENCH+=(--batch-tokens 4096 --repeats 3)
-fi
-run_step "benchmark.py (bf16, compile, MFU)" "$WORK/benchmark.log" benchmark_key \
-    "$WORK/benchmark.json" -- "$PY" -m benchmarks.benchmark "${BENCH[@]}"
-
-# 4. The GPU Multi30k experiment (conf/experiment/multi30k_en_de_gpu.yaml).
-NAME="multi30k_en_de_gpu"
-if [[ $QUICK -eq 1 ]]; then
-    echo
-    echo "== $NAME: skipped (--quick)"
-    record "$NAME" "-" "-" "skipped (--quick)"
-elif [[ ! -f "$DATA/train.en" ]]; then
-    echo
-    echo "== $NAME: skipped (no Multi30k at $DATA; set DATA_DIR=<folder with train.en ...>)"
-    record "$NAME" "-" "-" "skipped (no data at $DATA)"
-else
-    run_step "$NAME" "$WORK/$NAME.log" results_key "$WORK/$NAME" -- \
-        "$PY" train.py "experiment=$NAME" "data.dir=$DATA" "data.cache_dir=$WORK/cache" \
-        "hydra.run.dir=$WORK/$NAME"
 fi
 
 echo
