@@ -175,7 +175,7 @@ def test_the_model_is_the_paper_and_the_benchmarks_are_reports() -> None:
     docs/benchmarks.md holds today's figures."""
     assert lines_in("model") <= 800
     assert lines_in("benchmarks") <= 2410
-    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 595
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 605
 
 
 def test_shims_are_short_and_call_the_command_line_layer() -> None:
