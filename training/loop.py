@@ -122,8 +122,12 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
         build.tokens_per_update(cfg, ctx),
     )
     started, first_step = time.perf_counter(), state.step + 1
+    spent = _out_of_time(trainer, state.wall_seconds)  # as last.pt saved it: every rank's value
+    if spent:
+        log.info("time budget: %g minutes already spent (wall %.1f s); validating and testing",
+                 trainer.max_minutes, state.wall_seconds)  # fmt: skip
     with StopRequests() as stop:
-        while not _should_stop(state, trainer) and (batches := next(updates, None)) is not None:
+        while not (spent or _should_stop(state, trainer)) and (batches := next(updates, None)):
             train_step(run, batches, window)
             state.step += 1
             progress.update(1)
