@@ -73,11 +73,13 @@ def build_and_import(args: argparse.Namespace, tmp: Path, lines: list[str]) -> P
 
 def ours(args: argparse.Namespace, tmp: Path) -> tuple[Learner, Any]:
     """train.py's config with `trainer.init_from=` the import, the trainee built and loaded as
-    `Run.start` does (without data), and the import's tokenizer for the pair."""
+    `Run.start` does (without data), and the import's tokenizer for the pair. No weight average
+    (the default experiment's `ema_decay`): the Transformers loop keeps none."""
     overrides = [f"trainer.init_from={tmp / 'run'}", f"trainer.precision={args.precision}",
                  f"trainer.device={args.device}", f"trainer.max_tokens={args.batch_tokens}",
                  f"tokenizer.src_lang={LANGS[0]}", f"tokenizer.tgt_lang={LANGS[1]}",
-                 f"optim.warmup_steps={args.lr_warmup}", "logger=none", *args.set]  # fmt: skip
+                 f"optim.warmup_steps={args.lr_warmup}", "trainer.ema_decay=0", "logger=none",
+                 *args.set]  # fmt: skip
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = Configs.from_hydra(compose("train", overrides=overrides))
     ctx = distributed.setup(cfg.trainer.device, tf32=cfg.trainer.tf32)
@@ -158,8 +160,9 @@ def agreement(model: Any, hf: Any, batch: Any, precision: str) -> dict[str, Any]
             "logit_err_over_std": logits, "passed": passed}  # fmt: skip
 
 
-def state_bytes(model: torch.nn.Module, adam: torch.optim.Optimizer) -> int:
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+def state_bytes(model: torch.nn.Module, adam: torch.optim.Optimizer, extra: list = ()) -> int:
+    """Weights, buffers, Adam's moments and `extra` (a weight average's copy), each counted once."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers(), *extra]}
     tensors |= {id(t): t for s in adam.state.values() for t in s.values() if torch.is_tensor(t)}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -295,13 +298,16 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 "rounds": args.rounds, "precision": args.precision, "attention": "sdpa",
                 "init": "Transformers' own (nllb_folder decodable=False)", "pairs": len(src),
                 "src": str(args.src), "tgt": str(args.tgt), "seconds": args.seconds,
-                "model": asdict(cfg), "optim": asdict(learner.cfg.optim)}  # fmt: skip
+                "model": asdict(cfg), "optim": asdict(learner.cfg.optim),
+                "ema_decay": learner.cfg.trainer.ema_decay}  # fmt: skip
         print_head(meta, made[args.warmup :], check)
         if not all(c["passed"] for c in check.values()):
             raise UserError(f"ours and Transformers disagree on the first batch: {check}")
         step, adam = hf_step(hf.train(), learner, args.precision == "bf16")
         res = measure({OURS: ours_step(learner), HF: step}, made, args, cuda)
-    states = {OURS: state_bytes(model, learner.trainee.optimizer), HF: state_bytes(hf, adam)}
+    ema = learner.trainee.ema  # None unless --set trainer.ema_decay=... turns it on
+    states = {OURS: state_bytes(model, learner.trainee.optimizer, ema.shadow if ema else []),
+              HF: state_bytes(hf, adam)}  # fmt: skip
     ratio = summarize(res, states, model, made[args.warmup :], cuda)
     report = {"meta": meta, "check": check, "results": res, "ratio": ratio}
     print_table(report)

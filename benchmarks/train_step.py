@@ -1,6 +1,6 @@
 """The training step as train.py runs it (`training.loop.train_step`: fused Adam, the trainer's
-label-smoothed loss, gradient clipping, no host reads), timed per model preset and variant,
-with what keeps the device from being busy:
+label-smoothed loss, gradient clipping, the default config's weight average (EMA), no host
+reads), timed per model preset and variant, with what keeps the device from being busy:
 
     python -m benchmarks.train_step --device cuda --presets base,big --batch-tokens 16384 \\
         --variants bf16,bf16+compile --json step.json
@@ -12,8 +12,9 @@ Per preset x variant (eager, or `trainer.compile=true`: each layer compiled):
   over the datasheet's dense bf16 peak;
 - syncs/update: host waits for the device in one update (CUDA's sync debug mode; on a CPU the
   host reads of `tests.host_reads` in an eager update);
-- busy: the union of the device's kernel intervals (`torch.profiler`) over the wall time of
-  the profiled updates, and kernels per update; the top kernels go to the JSON;
+- kernel ms/update: the union of the device's kernel intervals (`torch.profiler`) per update,
+  and busy: that over the (unprofiled) step time; kernels per update; the top kernels go to the
+  JSON;
 - peak memory (`torch.cuda.max_memory_allocated`; a CPU has none to report).
 Batches are random ids (lengths uniform in [max_len/2, max_len], max_len rotating over
 `--max-lens`, a new shape each update), pinned on the host and copied as training copies them.
@@ -76,7 +77,7 @@ def syncs_per_update(run: Learner, batch: Any, window: _Window) -> int | None:
                 torch.cuda.synchronize()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        return sum("synchroniz" in str(w.message) for w in caught)
+        return sum("called a synchronizing CUDA operation" in str(w.message) for w in caught)
     if run.cfg.trainer.compile:
         return None
     from tests.host_reads import HostReads  # the tests' counter of host reads
@@ -86,9 +87,10 @@ def syncs_per_update(run: Learner, batch: Any, window: _Window) -> int | None:
     return len(reads.calls)
 
 
-def busy(run: Learner, batches: list, window: _Window, updates: int) -> dict[str, Any]:
-    """The device's kernel time (union of kernel intervals) over the wall time of `updates`
-    profiled updates, kernels per update and the five costliest kernels."""
+def kernel_time(run: Learner, batches: list, window: _Window, updates: int) -> dict[str, Any]:
+    """The device's kernel time per update (the union of its kernel intervals over `updates`
+    profiled updates), kernels per update, the five costliest kernels, and the profiled updates'
+    own time (the profiler slows the host: `busy` divides by the unprofiled step time)."""
     device = run.ctx.device
     kinds = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -113,8 +115,9 @@ def busy(run: Learner, batches: list, window: _Window, updates: int) -> dict[str
         if e.device_type == kind:
             per_name[e.name] += e.time_range.elapsed_us()
     top = [(name, round(us / updates / 1e3, 3)) for name, us in per_name.most_common(5)]
-    return {"busy": covered / 1e6 / wall, "kernels_per_update": len(spans) / updates,
-            "profiled_wall_s": wall, "top_ms_per_update": top}  # fmt: skip
+    return {"kernel_ms_per_update": covered / 1e3 / updates,
+            "kernels_per_update": len(spans) / updates,
+            "profiled_ms_per_update": 1e3 * wall / updates, "top_ms_per_update": top}  # fmt: skip
 
 
 def measure(preset: str, variant: str, args: argparse.Namespace, peak: dict) -> dict[str, Any]:
@@ -156,10 +159,11 @@ def measure(preset: str, variant: str, args: argparse.Namespace, peak: dict) -> 
         "mfu": flops / cycle / peak["measured"] if peak["measured"] else None,
         "mfu_datasheet": flops / cycle / peak["datasheet"] if peak["datasheet"] else None,
         "syncs_per_update": syncs_per_update(run, batches[0], window),
-        **busy(run, batches, window, args.profile_updates),
+        **kernel_time(run, batches, window, args.profile_updates),
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30
         if device.type == "cuda" else None,
     }  # fmt: skip
+    entry["busy"] = entry["kernel_ms_per_update"] / entry["ms_per_update"]
     del run
     return entry
 
@@ -174,14 +178,16 @@ def print_table(entries: list[dict[str, Any]], peak: dict) -> None:
     print(f"\nMFU = 6 x (weight MACs + attention MACs) of the non-pad tokens per update / step "
           f"time / bf16 peak: measured {measured} TFLOP/s (8192^3 torch.mm), datasheet {sheet}")  # fmt: skip
     print(f"{'preset':<7}{'variant':<14}{'params':>8}{'tok/upd':>9}{'ms/upd':>9}{'tok/s':>11}"
-          f"{'MFU':>7}{'sheet':>7}{'syncs':>6}{'busy':>7}{'kern':>6}{'peak GiB':>9}{'1st s':>7}")  # fmt: skip
+          f"{'MFU':>7}{'sheet':>7}{'syncs':>6}{'kern ms':>8}{'busy':>7}{'kern':>6}{'peak GiB':>9}"
+          f"{'1st s':>7}")  # fmt: skip
     for e in entries:
         memory = "n/a" if e["peak_memory_gib"] is None else f"{e['peak_memory_gib']:.1f}"
         syncs = "n/a" if e["syncs_per_update"] is None else str(e["syncs_per_update"])
         print(
             f"{e['preset']:<7}{e['variant']:<14}{e['params'] / 1e6:>7.1f}M"
             f"{e['tokens_per_update']:>9,.0f}{e['ms_per_update']:>9.2f}{e['tokens_per_s']:>11,.0f}"
-            f"{_pct(e['mfu']):>7}{_pct(e['mfu_datasheet']):>7}{syncs:>6}{_pct(e['busy']):>7}"
+            f"{_pct(e['mfu']):>7}{_pct(e['mfu_datasheet']):>7}{syncs:>6}"
+            f"{e['kernel_ms_per_update']:>8.2f}{_pct(e['busy']):>7}"
             f"{e['kernels_per_update']:>6.0f}{memory:>9}{e['first_update_s']:>7.1f}"
         )
 
