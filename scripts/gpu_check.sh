@@ -26,14 +26,16 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 QUICK=0 OUT_DIR="" MINUTES=5
+usage() { echo "gpu_check.sh: $1 (use --quick, --out DIR, --minutes N or --help)" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --quick) QUICK=1 ;;
-        --out) OUT_DIR="${2:?gpu_check.sh: --out needs a folder}"; shift ;;
-        --minutes) MINUTES="${2:?gpu_check.sh: --minutes needs a number}"; shift ;;
+        --out) [[ $# -ge 2 && "$2" != --* ]] || usage "--out needs a folder"
+               OUT_DIR="$2"; shift ;;
+        --minutes) [[ "${2:-}" =~ ^[0-9]+([.][0-9]+)?$ ]] || usage "--minutes needs a number"
+                   MINUTES="$2"; shift ;;
         -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "gpu_check.sh: unknown argument '$1' (use --quick, --out DIR, --minutes N or" \
-               "--help)" >&2; exit 2 ;;
+        *) usage "unknown argument '$1'" ;;
     esac
     shift
 done

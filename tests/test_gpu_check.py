@@ -57,3 +57,12 @@ def test_gpu_check_quick_passes():
     proc = _run("--quick", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "== summary" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args", [("--minutes", "abc"), ("--minutes",), ("--out",), ("--out", "--quick")]
+)
+def test_a_flag_without_its_value_fails_before_anything_runs(args):
+    proc = _run(*args, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "needs a" in proc.stderr and len(proc.stderr.splitlines()) == 1
