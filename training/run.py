@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,9 +141,11 @@ class Run(Learner):
         return metrics
 
     def validate_and_save(self) -> None:
-        """Validate; track the best BLEU (early stopping); write last/best/step_N.pt."""
-        state = self.trainee.state
+        """Validate; track the best BLEU (early stopping); write last/best/step_N.pt, their
+        `wall_seconds` counting this validation (the loop's clock sets the exact figure later)."""
+        state, started = self.trainee.state, time.perf_counter()
         metrics = self.validate()
+        state.wall_seconds += time.perf_counter() - started
         state.valid_loss = metrics["loss"]
         # A model whose validation loss is NaN/inf (a diverged run) never becomes best.pt.
         improved = metrics["bleu"] > state.best_bleu and math.isfinite(metrics["loss"])
