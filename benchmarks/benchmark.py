@@ -65,6 +65,16 @@ def preset_names() -> list[str]:
     return sorted(path.stem for path in PRESETS.glob("*.yaml"))
 
 
+def train_configs(overrides: list[str]) -> Any:
+    """train.py's `Configs` for these command-line overrides (its conf/, composed by Hydra)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnmt.training.config import Configs
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        return Configs.from_hydra(compose("train", overrides=overrides))
+
+
 def model_config(preset: str, vocab: int, activation: str = "relu") -> tuple[ModelConfig, str]:
     """Our config for conf/model/<preset>.yaml, and that path."""
     import yaml  # installed with hydra-core
@@ -155,7 +165,8 @@ def train_flops(cfg: ModelConfig, batch: Batch) -> float:
     return 6.0 * (weight_macs + attention_macs)
 
 
-def _now(device: torch.device) -> float:
+def now(device: torch.device) -> float:
+    """The host clock once `device` has done its queued work."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -168,9 +179,9 @@ def bf16_peaks(device: torch.device, n: int = 8192, repeats: int = 5) -> dict[st
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     times = []
     for _ in range(repeats + 2):
-        start = _now(device)
+        start = now(device)
         torch.mm(a, a)
-        times.append(_now(device) - start)
+        times.append(now(device) - start)
     sheet = datasheet_gpu(torch.cuda.get_device_name(device))
     return {"measured": 2 * n**3 / min(times[2:]), "datasheet": DATASHEET_BF16_FLOPS.get(sheet),
             "gpu": sheet}  # fmt: skip
@@ -220,7 +231,7 @@ def bench_train(
         for _ in range(args.warmup + (2 if compile_ else 0)):  # compile: recompile passes
             step(batch)
     runs = {name: (lambda step=step: step(batch)) for name, (step, _) in trainees.items()}
-    times = peers.interleaved(runs, args.repeats, lambda: _now(device))
+    times = peers.interleaved(runs, args.repeats, lambda: now(device))
     results: dict[str, dict] = {}
     for name, (_, n_params) in trainees.items():
         spread = peers.Spread.of(times[name])

@@ -31,19 +31,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
 from attnmt.cli import import_hf
 from attnmt.common.errors import UserError, exit_status
 from attnmt.data.dataset import _encode_batch
 from attnmt.training import build, distributed
-from attnmt.training.config import Configs
 from attnmt.training.init import initial_checkpoint
 from attnmt.training.kernels import label_smoothed_cross_entropy
 from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
-from benchmarks.benchmark import ROOT, version
+from benchmarks.benchmark import ROOT, train_configs, version
 from benchmarks.peers import cpu_model
 
 LANGS = ("eng_Latn", "deu_Latn")
@@ -80,8 +78,7 @@ def ours(args: argparse.Namespace, tmp: Path) -> tuple[Learner, Any]:
                  f"tokenizer.src_lang={LANGS[0]}", f"tokenizer.tgt_lang={LANGS[1]}",
                  f"optim.warmup_steps={args.lr_warmup}", "trainer.ema_decay=0", "logger=none",
                  *args.set]  # fmt: skip
-    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        cfg = Configs.from_hydra(compose("train", overrides=overrides))
+    cfg = train_configs(overrides)
     ctx = distributed.setup(cfg.trainer.device, tf32=cfg.trainer.tf32)
     seed_everything(cfg.trainer.seed)
     initial = initial_checkpoint(cfg, tmp / "bench", set())

@@ -25,22 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 import warnings
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from torch.autograd import DeviceType
 
 from attnmt.training import build, distributed
-from attnmt.training.config import Configs
 from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
-from benchmarks.benchmark import ROOT, SPECIAL, bf16_peaks, train_batch, train_flops
+from benchmarks.benchmark import SPECIAL, bf16_peaks, now, train_batch, train_configs, train_flops
 
 
 def learner(preset: str, variant: str, args: argparse.Namespace) -> Learner:
@@ -49,20 +46,13 @@ def learner(preset: str, variant: str, args: argparse.Namespace) -> Learner:
     overrides = [f"model={preset}", f"trainer.precision={precision}",
                  f"trainer.max_tokens={args.batch_tokens}", f"trainer.compile={compiled}",
                  f"trainer.device={args.device}", "logger=none"]  # fmt: skip
-    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        cfg = Configs.from_hydra(compose("train", overrides=overrides))
+    cfg = train_configs(overrides)
     device = torch.device(args.device)
     vocab = SimpleNamespace(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, special=SPECIAL)
     seed_everything(args.seed)
     trainee = build.build_trainee(cfg, vocab, device)  # type: ignore[arg-type]
     ctx = distributed.DistContext(rank=0, world_size=1, device=device)
     return Learner(cfg, ctx, trainee, build.wrap_model(trainee.model, ctx, compiled))
-
-
-def _sync(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def syncs_per_update(run: Learner, batch: Any, window: _Window) -> int | None:
@@ -97,10 +87,10 @@ def kernel_time(run: Learner, batches: list, window: _Window, updates: int) -> d
         kinds.append(torch.profiler.ProfilerActivity.CUDA)
     kind = DeviceType.CUDA if device.type == "cuda" else DeviceType.CPU
     with torch.profiler.profile(activities=kinds) as prof:
-        start = _sync(device)
+        start = now(device)
         for i in range(updates):
             train_step(run, [batches[i % len(batches)]], window)
-        wall = _sync(device) - start
+        wall = now(device) - start
     spans = sorted(
         (e.time_range.start, e.time_range.end)
         for e in prof.events()
@@ -136,17 +126,17 @@ def measure(preset: str, variant: str, args: argparse.Namespace, peak: dict) -> 
     if device.type == "cuda":
         batches = [b.pin_memory() for b in batches]
     window = _Window(device)
-    start = _sync(device)
+    start = now(device)
     train_step(run, [batches[0]], window)
-    first = _sync(device) - start
+    first = now(device) - start
     for b in batches[1:] * 2:  # every shape seen (a compiled step's recompiles) twice
         train_step(run, [b], window)
     cycles = []
     for _ in range(args.cycles):  # one cycle: an update on each batch
-        start = _sync(device)
+        start = now(device)
         for b in batches:
             train_step(run, [b], window)
-        cycles.append(_sync(device) - start)
+        cycles.append(now(device) - start)
     cycle = statistics.median(cycles)
     tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
     flops = sum(train_flops(model_cfg, b) for b in batches)
