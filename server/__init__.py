@@ -1,13 +1,14 @@
 """The translation server behind `serve.py`: an HTTP JSON API (Starlette on uvicorn) and
 LibreTranslate's, for one or several models, each batching concurrent requests onto its own
-model thread in a process of its own, and a page that shows a translation's cross-attention (`server/static`). See
-docs/serving.md.
+model thread in a process of its own, and a page that shows a translation's cross-attention
+(`server/static`). See docs/serving.md.
 
 Modules (all torch-free): `options` (request keys -> `SearchConfig`), `batcher` (dynamic
-batching on a model thread), `worker` (a model's batcher in a process of its own), `languages` (a checkpoint's languages, for routing), `html`
-(LibreTranslate's `format: html`), `keys` (API keys and rate caps), `metrics` (Prometheus),
-`service` (the served models, limits and routing), `handling` (what both APIs' handlers
-share: errors, bodies, keys, the output budget, submitting), `libretranslate` (its API),
-`openapi` (the document), `app` (our API, the other routes, `create_app`). The `serve.py`
-flags, loading the models and the run are `attnmt.cli.serve`'s.
+batching on a model thread), `worker` (a model's batcher in a process of its own),
+`languages` (a checkpoint's languages, for routing), `html` (LibreTranslate's `format:
+html`), `keys` (API keys and rate caps), `metrics` (Prometheus), `service` (the served models,
+limits and routing), `handling` (what both APIs' handlers share: errors, bodies, keys, the
+output budget, submitting), `libretranslate` (its API), `openapi` (the document), `app` (our
+API, the other routes, `create_app`). The `serve.py` flags, loading the models and the run are
+`attnmt.cli.serve`'s.
 """

@@ -102,6 +102,20 @@ class Job:
     future: Future = field(default_factory=Future)
 
 
+class JobQueue(Protocol):
+    """What the handlers use of a model's queue: `Batcher` here, or `worker.ModelProcess`
+    (the same batcher in a process of its own)."""
+
+    batches: int  # model calls so far
+
+    @property
+    def queued(self) -> int: ...
+
+    def submit(self, job: Job) -> Future: ...
+
+    def close(self) -> None: ...
+
+
 class Batcher:
     """The model thread and its queue (see the module docstring).
 

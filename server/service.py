@@ -13,11 +13,10 @@ from typing import Any, NamedTuple
 from attnmt.data.languages import describe_codes, is_multilingual, listed_codes, resolve
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.glossary import Glossary
-from attnmt.server.batcher import Batcher
+from attnmt.server.batcher import JobQueue
 from attnmt.server.documents import FileStore
 from attnmt.server.keys import KeyRing
 from attnmt.server.metrics import Metrics
-from attnmt.server.worker import ModelProcess
 
 
 class Limits(NamedTuple):
@@ -43,7 +42,7 @@ class ServedModel:
     id: str
     sources: list[str]
     targets: list[str]
-    batcher: Batcher | ModelProcess
+    batcher: JobQueue  # `Batcher`, or `worker.ModelProcess` (serve.py's)
     count_tokens: Callable[[list[str]], int]  # longest of the sentences, in source tokens
     info: dict[str, Any] = field(default_factory=dict)
     # What a request that names no search option gets: the model's run decoding (as
