@@ -22,6 +22,7 @@ group): it stops when the parent closes it or its pipe ends.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import multiprocessing
 import pickle
@@ -108,7 +109,7 @@ class ModelProcess:
 
     def submit(self, job: Job) -> Future:
         """Send `job`; its future gets the result list (or the attention, or the exception)."""
-        fields = (job.cfg, job.sentences, job.attention, job.prefixes, job.langs, job.glossary)
+        fields = tuple(getattr(job, f.name) for f in dataclasses.fields(job) if f.name != "future")
         with self._lock:
             if self._closing:
                 raise Closed("the server is shutting down")
@@ -206,8 +207,7 @@ def serve_jobs(conn: Any, make_batcher: MakeBatcher, args: tuple) -> None:
                     job.future.cancel()  # False once the model thread has started it
                 continue
             _, job_id, fields = message
-            cfg, sentences, attention, prefixes, langs, glossary = fields
-            job = Job(cfg, sentences, attention, prefixes, langs, glossary)
+            job = Job(*fields)
             jobs[job_id] = job
             job.future.add_done_callback(
                 lambda future, i=job_id: _answer(send, jobs, i, future, batcher)
