@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -78,11 +79,13 @@ class Engine(nn.Module):
         model: the trained model, on the device the engine runs on. It is not changed; the
             engine uses its parameters (int8 quantizes copies of them).
         quantize: "none" or "int8" (dynamic int8 linear layers, CPU only).
-        pack: float32 on the CPU only: True runs the output projection and the decoder's
-            linear layers on oneDNN's pre-packed weights (`PackedLinear`), and every search on
-            the one-token step; False neither. None: what paid, on AMD CPUs only
-            (`packing_pays`): the output projection, and the decoder's layers too in models at
-            least `PACKED_DECODER_WIDTH` wide.
+        pack: on the CPU only: True runs the output projection and the decoder's linear layers
+            on oneDNN's pre-packed float32 weights (`PackedLinear`), and every search on the
+            one-token step; under bf16 autocast, every linear layer (the encoder's too) on
+            packed bf16 copies, and every search on the engine's encoder and one-token step
+            (where oneDNN has bf16 on this CPU: `bf16_packing_runs`); False none of it. None: what paid, on AMD CPUs only (`packing_pays`): the float32
+            output projection, the float32 decoder's layers too in models at least
+            `PACKED_DECODER_WIDTH` wide, and bf16 everywhere.
 
     Decoding runs as in eval mode (no dropout), whatever the model's mode.
 
@@ -114,17 +117,24 @@ class Engine(nn.Module):
         self.model = model
         self.cfg = model.cfg  # the model's shape, as `Transformer.cfg`
         self.int8 = quantize == "int8"
+        # every linear layer on a bf16 copy under bf16 autocast, where oneDNN has bf16 here
+        self.pack_bf16 = pack and bf16_packing_runs()
+        self.pack_decoder = pack_decoder
         # int8 scales activations per batch: a row's output would depend on the rows beside it
         self.continuous_batching = not self.int8  # see `decoding.search.ContinuousGreedy`
         prepare = _copy if self.int8 else _shared
-        self.encoder_linears = nn.ModuleList(  # int8's encoder (a float one runs the model's)
-            _encoder_linears(layer, prepare) for layer in model.encoder.layers
+        encoder_prepare = partial(PackedLinear, fp32=False) if self.pack_bf16 else prepare
+        self.encoder_linears = nn.ModuleList(  # int8's and bf16's encoder (else the model's)
+            _encoder_linears(layer, encoder_prepare) for layer in model.encoder.layers
         )
+        packed = partial(PackedLinear, fp32=pack_decoder, bf16=self.pack_bf16)
+        decoder_prepare = packed if pack_decoder or self.pack_bf16 else prepare
         self.decoder_linears = nn.ModuleList(
-            _decoder_linears(layer, PackedLinear if pack_decoder else prepare)
-            for layer in model.decoder.layers
+            _decoder_linears(layer, decoder_prepare) for layer in model.decoder.layers
         )
-        self.generator = PackedLinear(model.generator) if pack else prepare(model.generator)
+        self.generator = (
+            PackedLinear(model.generator, bf16=self.pack_bf16) if pack else prepare(model.generator)
+        )
         if self.int8:
             linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
             quantize_linears(linears)  # swaps the layers inside these containers
@@ -137,7 +147,7 @@ class Engine(nn.Module):
         """(B, S) ids -> memory (B, S, D): the model's, on int8 layers with int8."""
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.model.cfg.pad_id)
-        if not self.int8:
+        if not (self.int8 or self.bf16_packed):
             return self.model.encode(src_ids, src_mask)
         x = self.model.embed_source(src_ids)  # (B, S, D)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
@@ -170,11 +180,16 @@ class Engine(nn.Module):
         return isinstance(self.generator, PackedLinear)
 
     @property
+    def bf16_packed(self) -> bool:
+        """Whether the linear layers run on their bf16 copies now: packed, under bf16 autocast
+        (a per-thread state, so asked at each call)."""
+        return self.pack_bf16 and bf16_autocast()
+
+    @property
     def own_decoder(self) -> bool:
-        """Whether searches run `step` on the engine's decoder layers (int8, or packed) rather
-        than the model's `DecoderLayer.forward`."""
-        layers = self.decoder_linears
-        return self.int8 or (len(layers) > 0 and isinstance(layers[0]["ff1"], PackedLinear))
+        """Whether searches run `step` on the engine's decoder layers (int8, packed, or on bf16
+        copies) rather than the model's `DecoderLayer.forward`."""
+        return self.int8 or self.pack_decoder or self.bf16_packed
 
     def step(
         self,
@@ -349,29 +364,63 @@ def packing_pays(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 class PackedLinear(nn.Module):
-    """A CPU linear layer on a copy of its weight pre-packed for oneDNN. Float32 inputs outside
-    autocast take the packed matmul; anything else (bf16 under autocast, another device) takes
-    `F.linear` on the layer's own parameters. The copy does not follow later changes of the
-    weight."""
+    """A CPU linear layer on copies of its weight pre-packed for oneDNN. Float32 inputs outside
+    autocast take the float32 copy (`fp32`; without it, the layer's own `F.linear`); under
+    CPU autocast to bf16, float32 and bf16 inputs take a bf16 copy (`bf16`, where oneDNN has
+    bf16 on this CPU: `bf16_packing_runs`), made at the first such call: autocast's result
+    (the same bf16 operands in oneDNN's matmul, the bias added before the one rounding to
+    bf16), without casting the weight at every call, which cost more than the matmul at a few
+    rows (docs/benchmarks.md, "bf16 on packed weights"). Anything else (fp16, another device,
+    an input that needs a gradient) takes `F.linear` on the layer's own parameters. The
+    copies do not follow later changes of the weight."""
 
-    def __init__(self, linear: nn.Linear | Rows) -> None:
+    def __init__(self, linear: nn.Linear | Rows, fp32: bool = True, bf16: bool = True) -> None:
         super().__init__()
         self.linear = linear
         weight = linear.weight.detach()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # any row count
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if fp32 else None
         self.bias = None if linear.bias is None else linear.bias.detach()
+        self.packs_bf16 = bf16 and bf16_packing_runs()
+        self.bf16: tuple[Tensor, Tensor | None] | None = None  # (packed weight, bias) in bf16
 
     def forward(self, x: Tensor) -> Tensor:
-        if (
-            x.dtype != torch.float32
-            or x.device.type != "cpu"
-            or x.requires_grad
-            or torch.is_autocast_enabled("cpu")
-        ):
+        if x.device.type != "cpu" or x.requires_grad:
             return self.linear(x)
-        rows = x.reshape(-1, x.size(-1))  # (*, in) -> (M, in): oneDNN's linear takes 2-D
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], out.size(-1))
+        if torch.is_autocast_enabled("cpu"):
+            if not (self.packs_bf16 and bf16_autocast()) or x.dtype not in (
+                torch.float32,
+                torch.bfloat16,
+            ):
+                return self.linear(x)
+            weight, bias = self.bf16 or self._pack_bf16()
+            return _packed_matmul(x.to(torch.bfloat16), weight, bias)
+        if x.dtype != torch.float32 or self.packed is None:
+            return self.linear(x)
+        return _packed_matmul(x, self.packed, self.bias)
+
+    def _pack_bf16(self) -> tuple[Tensor, Tensor | None]:
+        weight = self.linear.weight.detach().to(torch.bfloat16)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        self.bf16 = (torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
+        return self.bf16
+
+
+def bf16_packing_runs() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and
+    not capped below them by `ONEDNN_MAX_CPU_ISA`)."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return supported is not None and bool(supported())
+
+
+def bf16_autocast() -> bool:
+    """Whether the calling thread runs under CPU autocast to bf16."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def _packed_matmul(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    rows = x.reshape(-1, x.size(-1))  # (*, in) -> (M, in): oneDNN's linear takes 2-D
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out.size(-1))
 
 
 Prepare = Callable[[nn.Module], nn.Module]  # a linear layer or `Rows` -> what the engine runs

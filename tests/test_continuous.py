@@ -16,6 +16,7 @@ from attnmt.data.batching import encode_source_batch
 from attnmt.decoding.search import SearchConfig, greedy_search
 from attnmt.engine import Engine
 from attnmt.engine.continuous import GreedyStream, continuous_greedy_search
+from attnmt.engine.engine import bf16_packing_runs
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_search import assert_same_results
 
@@ -36,8 +37,9 @@ def sources(n: int, seed: int, max_len: int = 20) -> list[list[int]]:
 def batch_by_batch(model: torch.nn.Module, src: list[list[int]], cfg: SearchConfig) -> list:
     """`greedy_search` on consecutive batches of `cfg.batch_size`: what continuous batching
     replaces, on the same one-token step kernel (so the same tokens, also in bf16)."""
-    step = StepEngine(model.model)
-    step.generator = model.generator  # the same output layer, its hooks included
+    step = StepEngine(model.model, pack=False)
+    for same in ("generator", "encoder_linears", "decoder_linears", "pack_bf16"):
+        setattr(step, same, getattr(model, same))  # the same layers, their hooks included
     found = []
     for start in range(0, len(src), cfg.batch_size):
         ids = encode_source_batch(src[start : start + cfg.batch_size], SPECIAL)
@@ -99,17 +101,26 @@ def test_fewer_sentences_than_rows_and_none(tiny_model) -> None:  # noqa: ANN001
     assert continuous_greedy_search(engine, [], SPECIAL, cfg) == []
 
 
-def test_continuous_equals_batch_by_batch_under_bf16_autocast(tiny_model) -> None:  # noqa: ANN001
-    """The caches and score biases take the projections' dtype (bf16 under CPU autocast)."""
-    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
+@pytest.mark.parametrize("pack", [False, True], ids=["autocast", "bf16-packed"])
+def test_continuous_equals_batch_by_batch_under_bf16_autocast(pack: bool, tiny_model) -> None:  # noqa: ANN001
+    """Under CPU autocast the caches and score biases take the projections' dtype (bf16), on
+    autocast's own layers or packed (`Engine.bf16_packed`, where oneDNN has bf16: the linear
+    layers on bf16 copies); either way, what batch by batch search finds."""
+    if pack and not bf16_packing_runs():
+        pytest.skip("oneDNN has no bf16 on this CPU")
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL), pack=pack).eval()
     src = sources(12, seed=9)
     cfg = SearchConfig(batch_size=3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = continuous_greedy_search(engine, src, SPECIAL, cfg)
         expected = batch_by_batch(engine, src, cfg)
     assert_same_results(got, expected)
-    float32 = continuous_greedy_search(engine, src, SPECIAL, cfg)
-    assert [n[0].tokens for n in got] != [n[0].tokens for n in float32]  # bf16 reached it
+    if pack:  # bf16 reached it
+        assert engine.generator.bf16 is not None
+        assert all(m.bf16 is not None for d in engine.decoder_linears for m in d.values())
+    else:
+        float32 = continuous_greedy_search(engine, src, SPECIAL, cfg)
+        assert [n[0].tokens for n in got] != [n[0].tokens for n in float32]  # bf16 reached it
 
 
 def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) -> None:  # noqa: ANN001

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.scoring import score_batch
 from attnmt.decoding.search import beam_search, greedy_search
 from attnmt.engine import Engine
 from attnmt.engine import engine as engine_module
@@ -96,7 +97,7 @@ def test_packed_engine_computes_the_models_logits(norm_first: bool, tiny_model) 
     """Packed, the engine's decoder linear layers and output projection run on oneDNN's
     pre-packed weights, every search on the one-token step: the model's logits up to
     float rounding, teacher-forced and one token at a time, and the model's hypotheses; under
-    bf16 autocast a packed layer falls back to the model's (the packed weight is float32)."""
+    bf16 autocast a packed layer gives autocast's result."""
     model = tiny_model(seed=1, **{**SEARCH_MODEL, "norm_first": norm_first}).eval()
     engine = Engine(model, pack=True)
     linears = [engine.generator, *(m for d in engine.decoder_linears for m in d.values())]
@@ -124,6 +125,67 @@ def test_packed_engine_computes_the_models_logits(norm_first: bool, tiny_model) 
     got = beam_search(engine, src, SPECIAL, cfg).hypotheses
     assert [[h.tokens for h in n] for n in got] == [[h.tokens for h in n] for n in want]
     assert len({len(n[0].tokens) for n in want}) > 1  # not a degenerate model
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("fp32", [True, False], ids=["fp32-packed", "bf16-only"])
+def test_packed_layer_under_bf16_autocast_gives_autocasts_result(fp32: bool) -> None:
+    """Under bf16 autocast a packed layer computes on its bf16 copy what autocast's `F.linear`
+    computes (the same bf16 operands in oneDNN's matmul; the bias added before the one
+    rounding to bf16, where autocast may round twice: one bf16 step apart at most), for
+    float32 and bf16 inputs and any row count; the copy is made at the first bf16 call, never
+    in float32."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80)
+    packed = PackedLinear(linear, fp32=fp32)
+    with torch.no_grad():
+        x = torch.randn(5, 7, 48)
+        torch.testing.assert_close(packed(x), linear(x), atol=1e-5, rtol=0.0)
+        assert packed.bf16 is None  # float32 made no bf16 copy
+        for rows in (x[0, :1], x[0], x, x.bfloat16()):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got, want = packed(rows), linear(rows)
+            assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+            torch.testing.assert_close(got, want, atol=1e-3, rtol=2**-7)  # one bf16 step
+        assert packed.bf16 is not None
+        with torch.autocast("cpu", dtype=torch.float16):  # not bf16: the layer's own
+            assert torch.equal(packed(x), linear(x))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("beam", [1, 4])
+def test_bf16_packed_engine_searches_the_models_scores(beam: int, tiny_model) -> None:
+    """Under bf16 autocast a packed engine runs its own encoder and one-token step on the bf16
+    copies (`bf16_packed`, `own_decoder`): the model's memory and logits under autocast, up to
+    bf16 rounding, teacher-forced one token at a time; its searches' hypotheses carry the
+    log-probabilities the model gives them (teacher-forced, under autocast)."""
+    model = tiny_model(seed=1, **SEARCH_MODEL).eval()
+    engine = Engine(model, pack=True)
+    src = random_sources(LENGTHS["long"], seed=2)
+    tgt = torch.randint(4, 40, (src.size(0), 5), generator=torch.Generator().manual_seed(3))
+    src_mask = padding_mask(src, SPECIAL.pad)
+    assert not engine.bf16_packed  # outside autocast
+    cfg = SearchConfig(beam_size=beam, nbest=beam, max_len_a=1.5, max_len_b=6)
+    search = greedy_search if beam == 1 else beam_search
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert engine.bf16_packed and engine.own_decoder
+        memory = model.encode(src, src_mask)
+        torch.testing.assert_close(engine.encode(src, src_mask), memory, atol=0.05, rtol=0.02)
+        assert all(m.bf16 is not None for d in engine.encoder_linears for m in d.values())
+        full = model.decode(tgt, memory, src_mask).float()  # (B, T, V)
+        caches = engine.new_caches()
+        assert all(isinstance(c, StepKVCache) for c in caches)
+        for i in range(tgt.size(1)):
+            step = engine.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
+            torch.testing.assert_close(step[:, 0].float(), full[:, i], atol=0.05, rtol=0.02)
+        sources = [[int(t) for t in row if t > SPECIAL.eos] for row in random_sources([6, 19, 2, 11], seed=4)]  # fmt: skip
+        found = search(engine, random_sources([6, 19, 2, 11], seed=4), SPECIAL, cfg).hypotheses
+        hyps = [(j, h) for j, n in enumerate(found) for h in n]
+        scored = score_batch(model, [sources[j] for j, _ in hyps], [h.tokens for _, h in hyps], SPECIAL, cfg)  # fmt: skip
+    got = torch.tensor([h.log_prob for _, h in hyps])
+    want = torch.tensor([s.log_prob for s in scored])
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.01)
+    assert len({len(n[0].tokens) for n in found}) > 1  # not a degenerate model
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
