@@ -17,7 +17,8 @@ mismatch, and as a swap when it equals another sentence's reference (a lost, dup
 swapped translation); the exit status is 1 when any mismatch is found. Bounded: at most
 `--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak`
 runs the soak instead (see `run_soak`). `--offline` times translate.py's own loader and
-`Translator` on the same sentences, beam and threads (median of 3, model load excluded)
+`Translator` on the same sentences, beam and threads, in its precision (the run's, as
+translate.py and serve.py both decode: median of 3, model load excluded)
 before each mode's levels, and ends with the server / offline table (medians over rounds).
 """
 
@@ -226,14 +227,15 @@ def table(levels: list[Level]) -> str:
 
 
 OFFLINE = """import statistics, sys, time
-from attnmt.cli.translate import build_parser, load_translator, search_config
+from attnmt.cli.translate import build_parser, load_translator, runtime_precision, search_config
 args = build_parser().parse_args(sys.argv[1:])
 translator, lines, took = load_translator(args, search_config(args)), sys.stdin.read().splitlines(), []
-translator.translate(lines[:8])
-for _ in range(3):
-    start = time.perf_counter()
-    translator.translate(lines)
-    took.append(time.perf_counter() - start)
+with runtime_precision(args, translator):
+    translator.translate(lines[:8])
+    for _ in range(3):
+        start = time.perf_counter()
+        translator.translate(lines)
+        took.append(time.perf_counter() - start)
 print(len(lines) / statistics.median(took))"""
 
 
