@@ -17,9 +17,11 @@ from __future__ import annotations
 import copy
 import threading
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import langcodes
+if TYPE_CHECKING:
+    import langcodes  # imported where used: training reaches this module (imported
+    # tokenizers resolve codes) and needs neither the package nor its ~0.1 s import
 
 # A request for the left one finds the right one when a model has no code of the left's
 # language (ISO 639-1 `no`, Norwegian, is written Bokmål `nb`/`nob` by NLLB and Marian).
@@ -30,6 +32,8 @@ FALLBACKS = {"no": "nb"}
 def parse(code: str) -> langcodes.Language | None:
     """`code` as a langcodes Language, in its standard form (`deu`, `eng_Latn`, `>>deu<<`,
     `de-DE`, `DE` all have the language `de`); None when it is no known language code."""
+    import langcodes
+
     text = code.strip()
     if text.startswith(">>") and text.endswith("<<"):
         text = text[2:-2]
@@ -98,8 +102,14 @@ def listed_codes(codes: list[str]) -> dict[str, str]:
             parts["script"] = _script(lang)
         if len(kinds) > len(scripts):
             parts["territory"] = lang.territory
-        shown[code] = langcodes.Language.make(**parts).to_tag()
+        shown[code] = _language_tag(parts)
     return shown
+
+
+def _language_tag(parts: dict[str, str | None]) -> str:
+    import langcodes
+
+    return langcodes.Language.make(**parts).to_tag()
 
 
 def language_name(code: str) -> str:

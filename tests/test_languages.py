@@ -198,3 +198,17 @@ def test_a_code_no_model_has_names_the_served_codes(server: str) -> None:
     status, answer = post(server, "/translate", body)
     assert status == 422 and "has eng_Latn (en), deu_Latn (de), fra_Latn (fr)" in answer["error"]
     assert post(server, "/translate", {"sentences": ["A man."]})[0] == 200  # still serving
+
+
+def test_training_imports_no_language_code_package() -> None:
+    """langcodes (and the sentence splitter) load where a code is parsed or a line split:
+    train.py's modules run without them (a machine that lacks them still trains)."""
+    code = (
+        "import sys, attnmt.cli.train, attnmt.training.run, attnmt.data.vocab_tokenizer\n"
+        "print(sorted({'langcodes', 'sentencex'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    from attnmt.data.languages import listed_codes, parse
+
+    assert parse("deu").language == "de" and listed_codes(["zh_Hant", "zh_Hans"])  # still parses
