@@ -18,7 +18,8 @@ swapped translation); the exit status is 1 when any mismatch is found. Bounded: 
 `--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak`
 runs the soak instead (see `run_soak`). `--offline` times translate.py's own loader and
 `Translator` on the same sentences, beam and threads, in its precision (the run's, as
-translate.py and serve.py both decode: median of 3, model load excluded)
+translate.py and serve.py both decode, or `--precision`'s for both: median of 3, model load
+excluded)
 before each mode's levels, and ends with the server / offline table (medians over rounds).
 """
 
@@ -239,9 +240,11 @@ with runtime_precision(args, translator):
 print(len(lines) / statistics.median(took))"""
 
 
-def offline(checkpoint: str, beam: int, sentences: list[str]) -> float:
-    """Offline translate.py's sentences/s (its loader and `Translator`; median of 3 runs)."""
+def offline(checkpoint: str, beam: int, sentences: list[str], precision: str = "") -> float:
+    """Offline translate.py's sentences/s (its loader and `Translator`; median of 3 runs), in
+    `precision` ("": the run's, as translate.py decides)."""
     cmd = [sys.executable, "-c", OFFLINE, "-c", checkpoint, "--beam", str(beam)]
+    cmd += ["--precision", precision] if precision else []
     done = subprocess.run(cmd, input="\n".join(sentences), cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"offline translate.py failed: {done.stderr[-2000:]}")
@@ -275,6 +278,7 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
             server: Any = contextlib.nullcontext(args.url)
         else:
             flags = args.server_args.split() + (["--no-batching"] if mode == "no-batching" else [])
+            flags += ["--precision", args.precision] if args.precision else []
             server = started_server(args.checkpoint, flags)
         with server as url:
             ids = [m["id"] for m in Client(url).get("/models")["models"]]
@@ -285,7 +289,7 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
                     refs[model, beam] = [translation(client, {"sentences": [s], **options}) for s in sentences]  # fmt: skip
                     print(f"references {model} beam {beam}: {len(sentences)} sentences, one at a "
                           f"time, in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
-                speed = offline(args.checkpoint[ids.index(model) if model else 0], beam, sentences) if args.offline else 0.0  # fmt: skip
+                speed = offline(args.checkpoint[ids.index(model) if model else 0], beam, sentences, args.precision) if args.offline else 0.0  # fmt: skip
                 for n in clients:
                     level = run_level(url, mode if len(beams) == 1 else f"{mode}, beam {beam}", n, sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
                     levels.append(level._replace(offline=speed))
@@ -568,6 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--offline", action="store_true", help="with -c: also time offline translate.py (see above)")
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
     add("--server-args", default="", help="extra serve.py flags, space-separated")
+    add("--precision", choices=("fp32", "bf16"), help="with -c: serve.py and offline translate.py both decode in it (default: the run's, as both decide)")
     add("--json", help="also write the levels (or the soak's figures) to this JSON file")
     add("--soak", type=float, metavar="SECONDS",
         help="instead of the levels: a soak of this long (at most 3600) at the last --clients "
@@ -593,8 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.url is None) == (args.checkpoint is None):
         parser.error("pass either -c RUN_DIR (start the server) or --url (use a running one)")
-    if args.offline and args.url:
-        parser.error("--offline times translate.py on the -c checkpoints: pass -c, no --url")
+    if (args.offline or args.precision) and args.url:
+        parser.error("--offline and --precision start serve.py and translate.py: pass -c, no --url")
     if args.url is not None and urlsplit(args.url).hostname not in LOOPBACK:
         parser.error(f"--url {args.url}: loopback only (127.0.0.1, localhost)")
     sentences = load_sentences(args)
