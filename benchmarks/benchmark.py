@@ -57,7 +57,7 @@ SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
 LABEL_SMOOTHING = 0.1
 OURS, MARIAN, CT2 = "ours", "transformers", "ctranslate2"  # CT2: the --peers name
 CT2_FP32, CT2_INT8 = "CTranslate2 fp32", "CTranslate2 int8"
-ATTNMT, ATTNMT_INT8 = "attnmt", "attnmt int8"
+ATTNMT, ATTNMT_INT8, UNPACKED = "attnmt", "attnmt int8", "attnmt unpacked"
 VARIANTS = ("fp32", "bf16", "fp32+compile", "bf16+compile")
 
 
@@ -324,11 +324,14 @@ def real_systems(
     --run's systems have its `label` in their names."""
     threads = torch.get_num_threads()
     systems: dict[str, peers.Isolated] = {}
+    ours = [(ATTNMT, "none", None), (ATTNMT_INT8, "int8", None)]
+    ours += [(UNPACKED, "none", False)] if args.unpacked else []
     for kind in args.cpu_kinds:
-        for name, quantize in ((ATTNMT, "none"), (ATTNMT_INT8, "int8")):
+        for name, quantize, pack in ours:
+            precision = args.precision if quantize == "none" else "fp32"
             systems[kind_name(args, name, kind, label)] = peers.Isolated(
                 peers.ours_from_checkpoint,
-                (str(path), quantize, args.inter_threads),
+                (str(path), quantize, args.inter_threads, precision, pack),
                 threads,
                 peers.CPU_KINDS[kind]["ours"],
             )
@@ -423,12 +426,13 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         "src": str(args.src), "ref": str(args.ref) if refs else None,
         "sentences": len(lines), "beams": args.beams, "batch": args.decode_batch,
         "threads": threads, "inter_threads": inter, "cpu_kinds": args.cpu_kinds,
+        "precision": args.precision, "unpacked": args.unpacked,
         "repeats": args.repeats, "torch": torch.__version__,
         "transformers": version("transformers"), "ctranslate2": version("ctranslate2"),
         "device_name": peers.cpu_model(), "platform": platform.platform(),
     }  # fmt: skip
     print(f"{', '.join(map(str, paths))}: {len(lines)} sentences of {args.src}, searched as "
-          f"translate.py does "
+          f"translate.py does (ours in {args.precision}, int8 in int8/fp32) "
           f"in batches of {args.decode_batch} on {threads} threads"
           + (f" ({inter} batches at once; transformers one at a time)" if inter > 1 else "")
           + f"; {args.repeats} interleaved repeats, ids in and out, each system in a process of "
@@ -532,6 +536,12 @@ def add_real_flags(group: argparse._ArgumentGroup) -> None:
         "(what this CPU has) and avx2 (ours under ATEN_CPU_CAPABILITY=avx2 "
         "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2, CTranslate2 under "
         "CT2_FORCE_CPU_ISA=AVX2); a table per kind (default: native)")
+    add("--precision", choices=("fp32", "bf16"), default="fp32",
+        help="ours' float systems decode under this autocast, as translate.py --precision "
+        "(default: fp32)")
+    add("--unpacked", action="store_true",
+        help="ours once more with the engine's packed paths off (Engine pack=False): "
+        f"'{UNPACKED}', the A/B that judges them")
     # fmt: on
 
 
@@ -547,7 +557,9 @@ def check_real_flags(args: argparse.Namespace) -> None:
     if not args.cpu_kinds or any(k not in peers.CPU_KINDS for k in args.cpu_kinds):
         raise UserError(f"--cpu-kinds takes {', '.join(peers.CPU_KINDS)}, got {args.cpu_kinds}")
     for flag, given in (("--inter-threads", args.inter_threads > 1),
-                        ("--cpu-kinds", args.cpu_kinds != ["native"])):  # fmt: skip
+                        ("--cpu-kinds", args.cpu_kinds != ["native"]),
+                        ("--precision", args.precision != "fp32"),
+                        ("--unpacked", args.unpacked)):  # fmt: skip
         if given and not args.run:
             raise UserError(f"{flag} needs --run and --src (real sentences)")
     if not args.beams or min(args.beams) < 1:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from attnmt.common.errors import UserError
+from attnmt.common.runtime import autocast
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.translator import Translator, length_sorted_batches
@@ -65,15 +66,19 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def ours_system(model: Any, tokenizer: Tokenizer, inter_threads: int = 1) -> Search:
-    """Our search as `translate.py` runs it (`--inter-threads inter_threads`)."""
+def ours_system(
+    model: Any, tokenizer: Tokenizer, inter_threads: int = 1, precision: str = "fp32"
+) -> Search:
+    """Our search as `translate.py` runs it (`--inter-threads inter_threads --precision
+    precision`)."""
     translators: dict[str, Translator] = {}  # one per SearchConfig (each keeps its threads)
 
     def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
         key = repr(cfg)
         if key not in translators:
             translators[key] = Translator(model, tokenizer, cfg, inter_threads=inter_threads)
-        return [nbest[0].tokens for nbest in translators[key].search_ids(src_ids)]
+        with autocast("cpu", precision):
+            return [nbest[0].tokens for nbest in translators[key].search_ids(src_ids)]
 
     return search
 
@@ -132,16 +137,23 @@ def ct2_system(
     return batched(tokenizer, submit, pipelined=True)
 
 
-def ours_from_checkpoint(path: str, quantize: str = "none", inter_threads: int = 1) -> Search:
-    """`ours_system` on a checkpoint loaded as `translate.py` loads it, in a process set up as
-    `translate.py` sets up its own on the CPU (`common.memory.keep_freed_memory`): for a worker
-    (`Isolated`), since that setting is process-wide."""
+def ours_from_checkpoint(
+    path: str,
+    quantize: str = "none",
+    inter_threads: int = 1,
+    precision: str = "fp32",
+    pack: bool | None = None,
+) -> Search:
+    """`ours_system` on a checkpoint loaded as `translate.py` loads it (`pack`: the engine's
+    packed paths, None as translate.py), in a process set up as `translate.py` sets up its own
+    on the CPU (`common.memory.keep_freed_memory`): for a worker (`Isolated`), since that
+    setting is process-wide."""
     from attnmt.common.memory import keep_freed_memory
     from attnmt.engine import load_engine
 
     keep_freed_memory()
-    model, tokenizer = load_engine([path], "cpu", quantize)
-    return ours_system(model, tokenizer, inter_threads)
+    model, tokenizer = load_engine([path], "cpu", quantize, pack)
+    return ours_system(model, tokenizer, inter_threads, precision)
 
 
 def transformers_from_checkpoint(path: str) -> Search:

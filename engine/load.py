@@ -16,10 +16,14 @@ from attnmt.engine.engine import Engine
 
 
 def load_engine(
-    paths: Sequence[str | Path], device: str | torch.device = "cpu", quantize: str = "none"
+    paths: Sequence[str | Path],
+    device: str | torch.device = "cpu",
+    quantize: str = "none",
+    pack: bool | None = None,
 ) -> tuple[nn.Module, Tokenizer]:
     """Checkpoints or run dirs -> (an `Engine` on `device`, or an `Ensemble` of several; their
-    tokenizer). `quantize="int8"` gives each engine int8 linear layers (CPU only).
+    tokenizer). `quantize="int8"` gives each engine int8 linear layers (CPU only); `pack` is
+    `Engine`'s (None: what paid here).
 
     Raises:
         CheckpointError: a checkpoint is unusable, or its tokenizer (SentencePiece models or
@@ -38,6 +42,6 @@ def load_engine(
                 "(SentencePiece model or special ids differ); ensemble only checkpoints that "
                 "share one tokenizer (the same spm.model)"
             )
-        models.append(Engine(model, quantize))
+        models.append(Engine(model, quantize, pack))
     assert tokenizer is not None
     return (models[0] if len(models) == 1 else Ensemble(models)), tokenizer

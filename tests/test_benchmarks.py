@@ -159,6 +159,40 @@ def test_real_mode_table_with_peers_and_ratios(
     assert all(row.count("x (") == 2 for row in rows[1:])  # ratio (min-max) per search
 
 
+def test_real_mode_bf16_and_the_unpacked_engine(
+    trained_run: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--precision bf16 decodes ours' float systems under bf16 autocast, as translate.py
+    --precision bf16 does (the engine's bf16 copies made where they run), and --unpacked
+    times ours once more with the engine's packed paths off, on the same sentences."""
+    from attnmt.checkpoint import load_for_inference
+    from attnmt.engine import Engine
+    from benchmarks import peers
+
+    path = tmp_path / "bf16.json"
+    flags = ["--peers", "", "--beams", "1", "--precision", "bf16", "--unpacked"]
+    with single_thread():
+        status = benchmark.main(real_flags(trained_run, *flags, "--json", str(path)))
+    assert status == 0, capsys.readouterr().out
+    report = json.loads(path.read_text())
+    assert list(report["systems"]) == ["attnmt", "attnmt int8", "attnmt unpacked"]
+    assert report["meta"]["precision"] == "bf16" and report["meta"]["unpacked"]
+    n = report["meta"]["sentences"]
+    assert report["systems"]["attnmt unpacked"]["greedy"]["same_ids_as_ours"] >= n - 2
+    run, src, _ = trained_run
+    model, tokenizer, _ = load_for_inference(run / "checkpoints" / "best.pt")
+    engine = Engine(model)
+    src_ids = tokenizer.encode_src(src.read_text().splitlines())
+    cfg = SearchConfig(beam_size=1, batch_size=8)
+    with single_thread():
+        got = peers.ours_system(engine, tokenizer, precision="bf16")(src_ids, cfg)
+        made = getattr(engine.generator, "bf16", None) is not None  # by a bf16 search only
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = peers.ours_system(engine, tokenizer)(src_ids, cfg)
+    assert got == want
+    assert made == engine.pack_bf16
+
+
 def test_peers_give_our_greedy_ids(trained_run: tuple[Path, Path, Path]) -> None:
     """transformers and CTranslate2 fp32 on our weights, searching ours' batches with the
     batch's largest budget: our greedy ids on every sentence that ours ended with EOS before
@@ -218,6 +252,8 @@ def test_real_mode_without_ctranslate2_says_why(
         (["--src", "x.txt"], "--run and --src go together"),
         (["--run", "nowhere", "--src", "x.txt"], "nowhere"),
         (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--precision", "bf16"], "--precision needs --run"),
+        (["--unpacked"], "--unpacked needs --run"),
     ],
 )
 def test_bad_input_is_one_line(
