@@ -174,7 +174,7 @@ def test_the_model_is_the_paper_and_the_benchmarks_are_reports() -> None:
     report per capability (documents, terminology, the GPU training step, fine-tuning an import);
     docs/benchmarks.md holds today's figures."""
     assert lines_in("model") <= 800
-    assert lines_in("benchmarks") <= 2420
+    assert lines_in("benchmarks") <= 2450
     assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 610
 
 
