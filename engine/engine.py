@@ -21,7 +21,11 @@ the model, and adds:
   every search runs `decoder_step` on them. `benchmarks/engine_paths.py` (in git at 2f553ca)
   decided both (docs/benchmarks.md, "The output projection packed", "The decoder's layers
   packed"). The engine packs copies of the weights when it is built: build a new engine
-  after the weights change (validation does, each time).
+  after the weights change (validation does, each time);
+- under bf16 autocast on those CPUs, where oneDNN has bf16, every linear layer (the
+  encoder's too) on a packed bf16 copy, and every search on the engine's encoder and
+  one-token step: autocast cast each weight at every call (`benchmark --precision bf16
+  --unpacked`; docs/benchmarks.md, "bf16 on packed weights").
 Otherwise, in float32, `encode` and `decode` are the model's layers, on its `KVCache`.
 
 A path stays only where timing it against the same decoder without it on real sentences
