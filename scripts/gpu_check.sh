@@ -5,6 +5,8 @@
 #   scripts/gpu_check.sh                        # all steps (Multi30k from $DATA_DIR, see 3.)
 #   scripts/gpu_check.sh --quick                # small sizes, no Multi30k run: a smoke check
 #   scripts/gpu_check.sh --out DIR --minutes 5  # logs, JSON and runs under DIR; 3.'s budget
+#   scripts/gpu_check.sh --only train --minutes 10 --set trainer.max_tokens=8192
+#                                               # one step; --set: 3.'s train.py overrides
 #
 # Steps:
 #   1. python -m benchmarks.train_step: train.py's update for `base` and `big` at 16k tokens,
@@ -17,6 +19,9 @@
 #      with a message without the data or with --quick  -> updates, test BLEU, wall seconds
 #   4. train.py on the toy corpus under torchrun on 2 GPUs (DDP), only with >= 2 GPUs
 # --quick runs 1. and 2. at small sizes, and a 40-update bf16 + compile toy run as 3.
+# --only takes a comma list of step, finetune, train, torchrun (default: all four); --set
+# KEY=VALUE (repeatable) is added to 3.'s train.py command. A step fails when its command or
+# the reading of its key number fails.
 # Uses the repo's .venv/bin/python when present, else python3 (override: PYTHON=...).
 # Exits 1 when there is no CUDA GPU (one line, nothing run) or when any step failed.
 
@@ -25,8 +30,12 @@ set -u -o pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-QUICK=0 OUT_DIR="" MINUTES=5
-usage() { echo "gpu_check.sh: $1 (use --quick, --out DIR, --minutes N or --help)" >&2; exit 2; }
+QUICK=0 OUT_DIR="" MINUTES=5 ONLY="step,finetune,train,torchrun" SETS=()
+usage() {
+    echo "gpu_check.sh: $1 (use --quick, --out DIR, --minutes N, --only STEPS, --set KEY=VALUE" \
+        "or --help)" >&2
+    exit 2
+}
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --quick) QUICK=1 ;;
@@ -34,7 +43,12 @@ while [[ $# -gt 0 ]]; do
                OUT_DIR="$2"; shift ;;
         --minutes) [[ "${2:-}" =~ ^[0-9]+([.][0-9]+)?$ ]] || usage "--minutes needs a number"
                    MINUTES="$2"; shift ;;
-        -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --only) [[ "${2:-}" =~ ^(step|finetune|train|torchrun)(,(step|finetune|train|torchrun))*$ ]] ||
+                    usage "--only needs a comma list of step, finetune, train, torchrun"
+                ONLY="$2"; shift ;;
+        --set) [[ "${2:-}" =~ ^[A-Za-z_][A-Za-z0-9_.]*=.+$ ]] || usage "--set needs a KEY=VALUE"
+               SETS+=("$2"); shift ;;
+        -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) usage "unknown argument '$1'" ;;
     esac
     shift
@@ -92,8 +106,11 @@ run_step() {
     "$@" >"$log" 2>&1
     code=$?
     end=$(date +%s.%N)
-    if [[ $code -eq 0 ]]; then
-        key="$("$key_fn" "$key_arg" 2>&1 | tail -n 1)"
+    if [[ $code -eq 0 ]] && ! key="$("$key_fn" "$key_arg" 2>&1 | tail -n 1)"; then
+        code=1  # the command passed, but what it wrote cannot be read
+        key="FAILED reading its key number: $key"
+        FAILED=1
+    elif [[ $code -eq 0 ]]; then
         tail -n 12 "$log" | sed 's/^/   | /'
     else
         FAILED=1
@@ -138,13 +155,16 @@ print(" | ".join(f"{name} {s['tokens_per_s']:,.0f} tok/s, peak {(s['peak_bytes']
 EOF
 }
 
+# wanted NAME: whether --only asks for step NAME.
+wanted() { [[ ",$ONLY," == *",$1,"* ]]; }
+
 # 1. train.py's update, base and big, eager and compiled.
 STEP=(--device cuda --json "$WORK/train_step.json")
 if [[ $QUICK -eq 1 ]]; then
     STEP+=(--presets tiny --batch-tokens 4096 --cycles 2)
 fi
-run_step "training step (MFU)" "$WORK/train_step.log" step_key "$WORK/train_step.json" -- \
-    "$PY" -m benchmarks.train_step "${STEP[@]}"
+wanted step && run_step "training step (MFU)" "$WORK/train_step.log" step_key \
+    "$WORK/train_step.json" -- "$PY" -m benchmarks.train_step "${STEP[@]}"
 
 # 2. An imported NLLB-shaped model fine-tuned, ours against Transformers.
 TUNE=(--device cuda --json "$WORK/finetune.json")
@@ -154,12 +174,14 @@ fi
 if [[ $QUICK -eq 1 ]]; then
     TUNE+=(--tiny --updates 20)
 fi
-run_step "imported NLLB fine-tune" "$WORK/finetune.log" finetune_key "$WORK/finetune.json" -- \
-    "$PY" -m benchmarks.finetune "${TUNE[@]}"
+wanted finetune && run_step "imported NLLB fine-tune" "$WORK/finetune.log" finetune_key \
+    "$WORK/finetune.json" -- "$PY" -m benchmarks.finetune "${TUNE[@]}"
 
 # 3. Time to BLEU: the GPU Multi30k experiment on a wall-clock budget, alone on the GPU.
 NAME="multi30k_en_de_gpu"
-if [[ $QUICK -eq 1 ]]; then
+if ! wanted train; then
+    :
+elif [[ $QUICK -eq 1 ]]; then
     run_step "train 1 GPU bf16+compile (toy)" "$WORK/train_1gpu.log" results_key \
         "$WORK/toy_1gpu" -- "$PY" train.py "${TOY[@]}" "hydra.run.dir=$WORK/toy_1gpu"
 elif [[ ! -f "$DATA/train.en" ]]; then
@@ -169,11 +191,14 @@ elif [[ ! -f "$DATA/train.en" ]]; then
 else
     run_step "$NAME, $MINUTES min" "$WORK/$NAME.log" results_key "$WORK/$NAME" -- \
         "$PY" train.py "experiment=$NAME" "data.dir=$DATA" "data.cache_dir=$WORK/cache" \
-        "trainer.max_minutes=$MINUTES" trainer.max_steps=0 "hydra.run.dir=$WORK/$NAME"
+        "trainer.max_minutes=$MINUTES" trainer.max_steps=0 "hydra.run.dir=$WORK/$NAME" \
+        ${SETS[@]+"${SETS[@]}"}
 fi
 
 # 4. Two GPUs under torchrun (python -m torch.distributed.run is torchrun, from this Python).
-if [[ "$N_GPUS" -ge 2 ]]; then
+if ! wanted torchrun; then
+    :
+elif [[ "$N_GPUS" -ge 2 ]]; then
     run_step "train 2 GPUs torchrun (toy)" "$WORK/train_2gpu.log" results_key \
         "$WORK/toy_2gpu" -- \
         "$PY" -m torch.distributed.run --standalone --nproc_per_node=2 train.py "${TOY[@]}" \
