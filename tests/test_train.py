@@ -54,6 +54,7 @@ def test_memorises_toy_set_to_high_bleu(tmp_path):
     assert {"bleu", "chrf", "loss"} <= set(results["valid"])
     assert set(results["test"]["test"]) >= {"bleu", "chrf", "signature"}
     assert results["steps"] == 120 and results["train_seconds"] > 0
+    assert results["stopped_by"] == "max_steps"
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
@@ -319,6 +320,15 @@ def test_early_stopping_on_bleu_patience(tmp_path):
     )
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["steps"] == 4 and results["best_step"] == 2
+    assert results["stopped_by"] == "patience"
+
+
+def test_results_json_names_the_epoch_limit_that_stopped_the_run(tmp_path):
+    """`stopped_by` in results.json: max_epochs here (max_steps, patience and max_minutes in
+    their own tests)."""
+    fit(toy_cfg(tmp_path, "trainer.max_epochs=1", "trainer.max_steps=0"), tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["epochs"] == 1 and results["stopped_by"] == "max_epochs"
 
 
 def test_documented_debug_command_runs(tmp_path):

@@ -286,6 +286,7 @@ def test_a_time_budget_stops_at_a_log_step_then_validates_saves_and_tests(tmp_pa
     assert f"time budget: {budget:g} minutes reached at step {steps} (wall " in caplog.text
     assert f"valid step {steps} " in caplog.text
     assert {"bleu", "chrf", "signature"} <= set(results["test"]["test"])
+    assert results["stopped_by"] == "max_minutes"
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["train_state"]
     assert state["step"] == state["validated_step"] == steps
     assert state["wall_seconds"] >= 60 * budget  # counted before the save of the final state
@@ -360,6 +361,7 @@ def test_a_resumed_run_goes_on_counting_its_wall_time(tmp_path, caplog):
         fit(toy_cfg(tmp_path, *common, *over), run_dir)
     results = json.loads((run_dir / "results.json").read_text())
     assert results["steps"] == 10 and results["wall_seconds"] >= 3600  # not 40: not from zero
+    assert results["stopped_by"] == "max_minutes"
     assert "time budget: 60 minutes already spent (wall 3600.0 s)" in caplog.text
 
 

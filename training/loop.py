@@ -152,6 +152,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
             else:
                 stop_now = out_of_time = False
             if out_of_time and not stop_now:  # every rank leaves after this same update
+                spent = True
                 log.info(
                     "time budget: %g minutes reached at step %d (wall %.1f s); validating "
                     "and testing",
@@ -179,7 +180,7 @@ def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
     if state.validated_step != state.step:
         run.validate_and_save()  # the final state is always validated and saved
     clock.tick()  # results.json's wall_seconds: the final validation included
-    return Outcome(run.test())
+    return Outcome(run.test("max_minutes" if spent else _stopped_by(state, trainer)))
 
 
 def train_step(learner: Learner, batches: list[Batch], window: _Window) -> None:
@@ -440,14 +441,21 @@ def _out_of_time(trainer: TrainerConfig, wall_seconds: float) -> bool:
 
 
 def _should_stop(state: TrainState, trainer: TrainerConfig) -> bool:
-    if trainer.max_steps and state.step >= trainer.max_steps:
-        return True
-    if trainer.max_epochs and state.epoch >= trainer.max_epochs:
-        return True
-    if trainer.patience and state.bad_evals >= trainer.patience:
+    stopped = _stopped_by(state, trainer)
+    if stopped == "patience":
         log.info("early stop: valid BLEU did not improve for %d validations", state.bad_evals)
-        return True
-    return False
+    return stopped is not None
+
+
+def _stopped_by(state: TrainState, trainer: TrainerConfig) -> str | None:
+    """The stopping rule `state` has reached (results.json's `stopped_by`), or None."""
+    if trainer.max_steps and state.step >= trainer.max_steps:
+        return "max_steps"
+    if trainer.max_epochs and state.epoch >= trainer.max_epochs:
+        return "max_epochs"
+    if trainer.patience and state.bad_evals >= trainer.patience:
+        return "patience"
+    return None
 
 
 class _WallClock:

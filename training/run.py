@@ -190,10 +190,10 @@ class Run(Learner):
             self.trainee.state.step,
         )
 
-    def test(self) -> dict[str, Any]:
+    def test(self, stopped_by: str | None = None) -> dict[str, Any]:
         """Translate every test split with `best.pt`'s weights; rank 0 writes
-        `hyp.<split>.<lang>` and `results.json`. Closes TensorBoard; returns the results on
-        every rank."""
+        `hyp.<split>.<lang>` and `results.json` (`stopped_by`: the rule that ended training).
+        Closes TensorBoard; returns the results on every rank."""
         model, state, ctx = self.trainee.model, self.trainee.state, self.ctx
         best = self.run_dir / "checkpoints" / "best.pt"
         if best.is_file():
@@ -202,6 +202,7 @@ class Run(Learner):
         results = results_summary(
             state, self.decoding(), model, ctx.world_size, self.data.dropped, budget
         )
+        results["stopped_by"] = stopped_by
         translator = self.translator(model)
         for split, raw in self.data.test.items():
             src, ref = texts(raw)
