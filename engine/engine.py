@@ -39,6 +39,7 @@ the model is tested (tests/test_engine.py): the same logits up to float rounding
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from functools import partial
 
@@ -87,9 +88,10 @@ class Engine(nn.Module):
             on oneDNN's pre-packed float32 weights (`PackedLinear`), and every search on the
             one-token step; under bf16 autocast, every linear layer (the encoder's too) on
             packed bf16 copies, and every search on the engine's encoder and one-token step
-            (where oneDNN has bf16 on this CPU: `bf16_packing_runs`); False none of it. None: what paid, on AMD CPUs only (`packing_pays`): the float32
-            output projection, the float32 decoder's layers too in models at least
-            `PACKED_DECODER_WIDTH` wide, and bf16 everywhere.
+            (where oneDNN has bf16 on this CPU: `bf16_packing_runs`); False none of it. None:
+            what paid, on AMD CPUs only (`packing_pays`): the float32 output projection, the
+            float32 decoder's layers too in models at least `PACKED_DECODER_WIDTH` wide, and
+            bf16 everywhere. The bf16 copies take half the float32 weights' memory again.
 
     Decoding runs as in eval mode (no dropout), whatever the model's mode.
 
@@ -110,9 +112,7 @@ class Engine(nn.Module):
                 f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
             )
         if pack and (quantize != "none" or device.type != "cpu"):
-            raise ValueError(
-                "pack=True packs float32 CPU layers: not with int8 or on another device"
-            )
+            raise ValueError("pack=True packs CPU layers: not with int8 or on another device")
         if pack is None:  # what paid: see the class docstring
             pack = quantize == "none" and device.type == "cpu" and packing_pays()
             pack_decoder = pack and model.cfg.d_model >= PACKED_DECODER_WIDTH
@@ -167,10 +167,11 @@ class Engine(nn.Module):
         caches: list[StepKVCache] | None = None,
         offset: int = 0,
     ) -> Tensor:
-        """Logits (N, T, V) for the next token. With caches (from `new_caches`), an engine on its
-        own decoder layers (`own_decoder`) runs `step`, one new token per row; otherwise the
-        model's `decode`, its output projection the engine's."""
-        if caches is not None and self.own_decoder:
+        """Logits (N, T, V) for the next token. With the engine's own caches (`new_caches` of an
+        engine on its own decoder layers, `own_decoder`) `step`, one new token per row: the
+        caches decide, since under bf16 autocast `own_decoder` is the calling thread's state;
+        otherwise the model's `decode`, its output projection the engine's."""
+        if caches and isinstance(caches[0], StepKVCache):
             return self.step(tgt_ids, memory, src_mask, caches, offset)
         if self.int8:
             return self.model.decode(tgt_ids, memory, src_mask)
@@ -376,14 +377,15 @@ class PackedLinear(nn.Module):
     bf16), without casting the weight at every call, which cost more than the matmul at a few
     rows (docs/benchmarks.md, "bf16 on packed weights"). Anything else (fp16, another device,
     an input that needs a gradient) takes `F.linear` on the layer's own parameters. The
-    copies do not follow later changes of the weight."""
+    float32 copy (and the bias of both) is taken when the layer is built, the bf16 one at its
+    first use: neither follows later changes of the weights (build a new engine then)."""
 
     def __init__(self, linear: nn.Linear | Rows, fp32: bool = True, bf16: bool = True) -> None:
         super().__init__()
         self.linear = linear
         weight = linear.weight.detach()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None) if fp32 else None
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach().clone()
         self.packs_bf16 = bf16 and bf16_packing_runs()
         self.bf16: tuple[Tensor, Tensor | None] | None = None  # (packed weight, bias) in bf16
 
@@ -403,10 +405,15 @@ class PackedLinear(nn.Module):
         return _packed_matmul(x, self.packed, self.bias)
 
     def _pack_bf16(self) -> tuple[Tensor, Tensor | None]:
-        weight = self.linear.weight.detach().to(torch.bfloat16)
-        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
-        self.bf16 = (torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
-        return self.bf16
+        with _PACKING:  # searches on several threads (--inter-threads) make one copy
+            if self.bf16 is None:
+                weight = self.linear.weight.detach().to(torch.bfloat16)
+                bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+                self.bf16 = (torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
+            return self.bf16
+
+
+_PACKING = threading.Lock()  # module-level: a layer stays deep-copyable and picklable
 
 
 def bf16_packing_runs() -> bool:

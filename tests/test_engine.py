@@ -18,7 +18,7 @@ from attnmt.decoding.search import beam_search, greedy_search
 from attnmt.engine import Engine
 from attnmt.engine import engine as engine_module
 from attnmt.engine.cache import StepKVCache
-from attnmt.engine.engine import PackedLinear, packing_pays
+from attnmt.engine.engine import PackedLinear, bf16_packing_runs, packing_pays
 from attnmt.model import padding_mask
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, random_sources
 
@@ -147,12 +147,12 @@ def test_packed_layer_under_bf16_autocast_gives_autocasts_result(fp32: bool) -> 
                 got, want = packed(rows), linear(rows)
             assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
             torch.testing.assert_close(got, want, atol=1e-3, rtol=2**-7)  # one bf16 step
-        assert packed.bf16 is not None
+        assert (packed.bf16 is not None) == packed.packs_bf16 == bf16_packing_runs()
         with torch.autocast("cpu", dtype=torch.float16):  # not bf16: the layer's own
             assert torch.equal(packed(x), linear(x))
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.skipif(not bf16_packing_runs(), reason="oneDNN has no bf16 on this CPU")
 @pytest.mark.parametrize("beam", [1, 4])
 def test_bf16_packed_engine_searches_the_models_scores(beam: int, tiny_model) -> None:
     """Under bf16 autocast a packed engine runs its own encoder and one-token step on the bf16
@@ -178,14 +178,39 @@ def test_bf16_packed_engine_searches_the_models_scores(beam: int, tiny_model) ->
         for i in range(tgt.size(1)):
             step = engine.decode(tgt[:, i : i + 1], memory, src_mask, caches, offset=i)
             torch.testing.assert_close(step[:, 0].float(), full[:, i], atol=0.05, rtol=0.02)
-        sources = [[int(t) for t in row if t > SPECIAL.eos] for row in random_sources([6, 19, 2, 11], seed=4)]  # fmt: skip
-        found = search(engine, random_sources([6, 19, 2, 11], seed=4), SPECIAL, cfg).hypotheses
+        src = random_sources([6, 19, 2, 11], seed=4)
+        found = search(engine, src, SPECIAL, cfg).hypotheses
         hyps = [(j, h) for j, n in enumerate(found) for h in n]
-        scored = score_batch(model, [sources[j] for j, _ in hyps], [h.tokens for _, h in hyps], SPECIAL, cfg)  # fmt: skip
+        sources = [[int(t) for t in src[j] if t > SPECIAL.eos] for j, _ in hyps]
+        scored = score_batch(model, sources, [h.tokens for _, h in hyps], SPECIAL, cfg)
     got = torch.tensor([h.log_prob for _, h in hyps])
     want = torch.tensor([s.log_prob for s in scored])
     torch.testing.assert_close(got, want, atol=0.05, rtol=0.01)
     assert len({len(n[0].tokens) for n in found}) > 1  # not a degenerate model
+
+
+def test_the_caches_decide_the_decoder_path_whatever_the_autocast(tiny_model) -> None:
+    """Under bf16 autocast a packed engine's own decoder runs (`own_decoder`), outside it the
+    model's may: caches made in one state and decoded in the other take their own path (the
+    model's `KVCache` the model's layers) with the same logits as in the state that made
+    them."""
+    model = tiny_model(seed=1, **SEARCH_MODEL).eval()
+    engine = Engine(model)  # on AMD CPUs: packed, the model's own decoder layers in float32
+    src = random_sources(LENGTHS["short"], seed=2)
+    src_mask = padding_mask(src, SPECIAL.pad)
+    tgt = torch.full((src.size(0), 1), 2)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        outside = engine.new_caches()
+        want = engine.decode(tgt, memory, src_mask, engine.new_caches(), offset=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inside = engine.new_caches()
+            got = engine.decode(tgt, memory, src_mask, outside, offset=0)  # no AttributeError
+            want_inside = engine.decode(tgt, memory, src_mask, engine.new_caches(), offset=0)
+        got_inside = engine.decode(tgt, memory, src_mask, inside, offset=0)
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.02)
+    torch.testing.assert_close(got_inside.float(), want_inside.float(), atol=0.05, rtol=0.02)
+    assert type(outside[0]) is not type(inside[0]) or not engine.pack_bf16
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
