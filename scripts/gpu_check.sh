@@ -43,10 +43,13 @@ while [[ $# -gt 0 ]]; do
                OUT_DIR="$2"; shift ;;
         --minutes) [[ "${2:-}" =~ ^[0-9]+([.][0-9]+)?$ ]] || usage "--minutes needs a number"
                    MINUTES="$2"; shift ;;
-        --only) [[ "${2:-}" =~ ^(step|finetune|train|torchrun)(,(step|finetune|train|torchrun))*$ ]] ||
+        --only) STEP_NAMES="(step|finetune|train|torchrun)"
+                [[ "${2:-}" =~ ^$STEP_NAMES(,$STEP_NAMES)*$ ]] ||
                     usage "--only needs a comma list of step, finetune, train, torchrun"
                 ONLY="$2"; shift ;;
-        --set) [[ "${2:-}" =~ ^[A-Za-z_][A-Za-z0-9_.]*=.+$ ]] || usage "--set needs a KEY=VALUE"
+        --set) KEY="[A-Za-z_][A-Za-z0-9_.]*"
+               [[ "${2:-}" =~ ^((\+{1,2})?$KEY=.+|~$KEY(=.+)?)$ ]] ||
+                   usage "--set needs a KEY=VALUE (Hydra's +KEY=, ++KEY=, ~KEY too)"
                SETS+=("$2"); shift ;;
         -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) usage "unknown argument '$1'" ;;
@@ -179,6 +182,10 @@ wanted finetune && run_step "imported NLLB fine-tune" "$WORK/finetune.log" finet
 
 # 3. Time to BLEU: the GPU Multi30k experiment on a wall-clock budget, alone on the GPU.
 NAME="multi30k_en_de_gpu"
+if [[ ${#SETS[@]} -gt 0 ]] && { [[ $QUICK -eq 1 || ! -f "$DATA/train.en" ]] || ! wanted train; }
+then
+    echo "gpu_check.sh: --set applies to the Multi30k run only, which does not run here" >&2
+fi
 if ! wanted train; then
     :
 elif [[ $QUICK -eq 1 ]]; then

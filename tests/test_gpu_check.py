@@ -122,6 +122,15 @@ def test_a_key_number_that_cannot_be_read_fails_the_step(tmp_path):
     assert "at least one step FAILED" in proc.stderr
 
 
+def test_set_takes_hydras_prefixes_and_says_when_it_applies_to_nothing(tmp_path):
+    proc, commands = _fake_run(tmp_path, "--only", "step", "--set", "+trainer.x=1")
+    assert "--set applies to the Multi30k run only" in proc.stderr
+    assert len(commands) == 1 and commands[0].startswith("-m benchmarks.train_step")
+    (tmp_path / "2").mkdir()
+    proc, commands = _fake_run(tmp_path / "2", "--only", "train", "--set", "~trainer.x")
+    assert proc.returncode == 0 and commands[0].endswith("~trainer.x")
+
+
 @pytest.mark.parametrize("args", [("--only", "train,gpu"), ("--only",), ("--set", "novalue")])
 def test_only_and_set_check_their_values(args):
     proc = _run(*args, timeout=60)
