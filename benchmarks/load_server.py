@@ -18,9 +18,9 @@ swapped translation); the exit status is 1 when any mismatch is found. Bounded: 
 `--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak`
 runs the soak instead (see `run_soak`). `--offline` times translate.py's own loader and
 `Translator` on the same sentences, beam and threads, in its precision (the run's, as
-translate.py and serve.py both decode, or `--precision`'s for both: median of 3, model load
-excluded)
-before each mode's levels, and ends with the server / offline table (medians over rounds).
+translate.py and serve.py both decode, or `--precision`'s for both; median of 3, model load
+excluded) before each mode's levels, and ends with the server / offline table (medians over
+rounds).
 """
 
 from __future__ import annotations
@@ -572,7 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--offline", action="store_true", help="with -c: also time offline translate.py (see above)")
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
     add("--server-args", default="", help="extra serve.py flags, space-separated")
-    add("--precision", choices=("fp32", "bf16"), help="with -c: serve.py and offline translate.py both decode in it (default: the run's, as both decide)")
+    add("--precision", choices=("fp32", "bf16"),
+        help="with -c: serve.py and offline translate.py both decode in it (default: the run's)")
     add("--json", help="also write the levels (or the soak's figures) to this JSON file")
     add("--soak", type=float, metavar="SECONDS",
         help="instead of the levels: a soak of this long (at most 3600) at the last --clients "

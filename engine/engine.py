@@ -148,7 +148,8 @@ class Engine(nn.Module):
     # ----------------------------------------------------------------- the search protocol
 
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """(B, S) ids -> memory (B, S, D): the model's, on int8 layers with int8."""
+        """(B, S) ids -> memory (B, S, D): the model's, on int8 layers with int8 and on the
+        bf16 copies under bf16 autocast (`bf16_packed`)."""
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.model.cfg.pad_id)
         if not (self.int8 or self.bf16_packed):
