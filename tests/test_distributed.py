@@ -280,9 +280,9 @@ if RANK == "0":
     loop._out_of_time = lambda trainer, wall_seconds: False
 real_test = Run.test
 
-def test(self):
+def test(self, *args):
     Path(os.environ["STEPS_DIR"], "rank" + RANK).write_text(str(self.trainee.state.step))
-    return real_test(self)
+    return real_test(self, *args)
 
 Run.test = test
 sys.argv[0] = {str(ROOT / "train.py")!r}
@@ -308,6 +308,7 @@ def test_a_time_budget_spent_on_one_rank_stops_every_rank_after_the_same_update(
     assert steps[0] == steps[1] and 0 < steps[0] < 3000 and steps[0] % 3 == 0, steps
     results = json.loads((run_dir / "results.json").read_text())
     assert results["steps"] == steps[0] and results["test"]["test"]["bleu"] >= 0
+    assert results["stopped_by"] == "max_minutes"  # rank 0 too, from the agreed reading
     assert f"time budget: 0.002 minutes reached at step {steps[0]} " in proc.stdout
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["train_state"]["step"] == steps[0]
 
