@@ -393,11 +393,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.device.type != "cpu" or x.requires_grad:
             return self.linear(x)
-        if torch.is_autocast_enabled("cpu"):
-            if not (self.packs_bf16 and bf16_autocast()) or x.dtype not in (
-                torch.float32,
-                torch.bfloat16,
-            ):
+        if torch.is_autocast_enabled("cpu"):  # bf16 (and float32 or bf16 x): the bf16 copy
+            bf16 = self.packs_bf16 and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            if not bf16 or x.dtype not in (torch.float32, torch.bfloat16):
                 return self.linear(x)
             weight, bias = self.bf16 or self._pack_bf16()
             return _packed_matmul(x.to(torch.bfloat16), weight, bias)
