@@ -47,7 +47,8 @@ class StepKVCache(KVCache):
 
 class SlotStep(NamedTuple):
     """What one continuous-batching step reads, the same for every layer's `SlotCache`: rows
-    0..n-1 write `positions` (n,) and read T = `end` positions and S = `src_len` sources."""
+    0..n-1 write `positions` (n,) and read T = `end` positions and S = `src_len` sources, both
+    multiples of `WIDTH_STEP` (`width`), past each row's own masked by the biases."""
 
     rows: Tensor  # (n,) 0..n-1
     positions: Tensor  # (n,)
@@ -60,17 +61,21 @@ class SlotStep(NamedTuple):
 class SlotCache:
     """One decoder layer's cache for rows at different positions (a `StepCache`).
 
-    Self-attention K/V live in (R, H, capacity, Dh) buffers: row i writes position
-    `positions[i]` and reads the first T; `self_bias` hides what is not its own past. The
-    cross-attention K/V of each row's sentence live in (R, H, S_max, Dh) buffers, zeros past
-    its length (masked by `cross_bias`; zeros, since 0 * garbage could be NaN). `start_step`
-    sets the views a step reads.
+    Self-attention K/V live in (R, H, T, Dh) buffers: row i writes position `positions[i]`;
+    `self_bias` hides what is not its own past. The cross-attention K/V of each row's sentence
+    live in (R, H, S, Dh) buffers, zeros past its length (masked by `cross_bias`; zeros, since
+    0 * garbage could be NaN). T and S are the step's widths (`SlotStep`: `width`-rounded):
+    `start_step` resizes a buffer when they change, so that a step reads rows 0..n-1 of each
+    buffer whole. Those views are contiguous, which oneDNN's bf16 `bmm` reads as they are,
+    where a narrower slice of a wider buffer was copied first, every layer and step; and the
+    rounding keeps the number of matmul shapes, each a oneDNN primitive made once, small
+    (docs/benchmarks.md, "The server's steps").
     """
 
     def __init__(self, rows: int, n_heads: int, d_head: int, src_len: int, like: Tensor) -> None:
-        self._k: Tensor | None = None  # (R, H, capacity, Dh), made by the first `append`
+        self._k: Tensor | None = None  # (R, H, T, Dh), made by the first `append`
         self._v: Tensor | None = None
-        cross = (rows, n_heads, src_len, d_head)
+        cross = (rows, n_heads, width(src_len), d_head)
         self._ck, self._cv = like.new_zeros(cross), like.new_zeros(cross)
         self.cross_k = self.cross_v = self.cross_bias = self.self_bias = None
         self._n, self._end, self._rows, self._positions = 0, 0, None, None
@@ -79,8 +84,8 @@ class SlotCache:
         """Row `row` takes a new sentence's cross-attention K/V (H, S, Dh); its self-attention
         history is zeroed (masked anyway, but an inf or NaN left there would leak as 0 * NaN)."""
         S = k.size(1)
-        if S > self._ck.size(2):  # a longer source than any before: widen (zeros after)
-            self._ck, self._cv = widened(self._ck, 2, S), widened(self._cv, 2, S)
+        if S > self._ck.size(2):  # a longer source than the step's: widen (zeros after)
+            self._ck, self._cv = widened(self._ck, 2, width(S)), widened(self._cv, 2, width(S))
         for buf in (self._ck, self._cv, self._k, self._v):
             if buf is not None:
                 buf[row].zero_()
@@ -88,23 +93,26 @@ class SlotCache:
         self._cv[row, :, :S].copy_(v)
 
     def start_step(self, step: SlotStep) -> None:
-        """Set the views the step reads (see `SlotStep`); grow the history if it must."""
+        """Set the views the step reads (see `SlotStep`), resizing the buffers to its widths.
+        Live rows lose nothing: their positions are below `end`, their sources within
+        `src_len`; rows past them are loaded afresh (`load`) before they are read again."""
         n, end, src_len = step.rows.numel(), step.end, step.src_len
-        if self._k is not None and self._v is not None and end > self._k.size(2):
-            capacity = max(2 * self._k.size(2), end)
-            self._k, self._v = widened(self._k, 2, capacity), widened(self._v, 2, capacity)
+        if self._k is not None and self._v is not None and end != self._k.size(2):
+            self._k, self._v = widened(self._k, 2, end), widened(self._v, 2, end)
+        if src_len != self._ck.size(2):
+            self._ck, self._cv = widened(self._ck, 2, src_len), widened(self._cv, 2, src_len)
         self._n, self._end, self._rows, self._positions = n, end, step.rows, step.positions
-        self.cross_k, self.cross_v = self._ck[:n, :, :src_len], self._cv[:n, :, :src_len]
+        self.cross_k, self.cross_v = self._ck[:n], self._cv[:n]
         self.self_bias, self.cross_bias = step.self_bias, step.cross_bias
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write each row's new K/V (n, H, 1, Dh) at its position; (n, H, T, Dh) views back."""
         if self._k is None or self._v is None:  # in the projections' dtype (autocast's)
-            shape = (self._ck.size(0), k.size(1), max(16, self._end), k.size(3))
+            shape = (self._ck.size(0), k.size(1), self._end, k.size(3))
             self._k, self._v = k.new_zeros(shape), v.new_zeros(shape)
         self._k[self._rows, :, self._positions] = k.squeeze(2)
         self._v[self._rows, :, self._positions] = v.squeeze(2)
-        return self._k[: self._n, :, : self._end], self._v[: self._n, :, : self._end]
+        return self._k[: self._n], self._v[: self._n]
 
     def move(self, rows: Tensor, to: Tensor, end: int, src_len: int) -> None:
         """Rows `rows` (m,) move to rows `to` (m,) (their first `end` positions, `src_len`
@@ -112,12 +120,25 @@ class SlotCache:
         widths = [(self._k, end), (self._v, end), (self._ck, src_len), (self._cv, src_len)]
         for buf, width in widths:
             if buf is not None:
+                width = min(width, buf.size(2))
                 buf[to, :, :width] = buf[rows, :, :width]
 
 
 def widened(buf: Tensor, dim: int, size: int) -> Tensor:
+    """`buf` with dimension `dim` of `size`: its first entries, zeros after (cut if smaller)."""
     shape = list(buf.shape)
     shape[dim] = size
     new = buf.new_zeros(shape)
-    new.narrow(dim, 0, buf.size(dim)).copy_(buf)
+    kept = min(size, buf.size(dim))
+    new.narrow(dim, 0, kept).copy_(buf.narrow(dim, 0, kept))
     return new
+
+
+# Histories and sources are read in widths rounded up to a multiple of this (`width`)
+WIDTH_STEP = 8
+
+
+def width(length: int) -> int:
+    """`length` rounded up to a multiple of `WIDTH_STEP`: the widths a continuous-batching
+    step reads (`SlotStep`), so a buffer is resized once in `WIDTH_STEP` positions."""
+    return -(-length // WIDTH_STEP) * WIDTH_STEP

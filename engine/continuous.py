@@ -2,8 +2,8 @@
 sentence at once, instead of the batch running on with ever fewer rows until its longest
 sentence ends.
 
-Legend: R rows (slots, `batch_size`), n live rows, H heads, Dh head dim, T longest history + 1,
-S longest source of the live rows.
+Legend: R rows (slots, `batch_size`), n live rows, H heads, Dh head dim, T longest history + 1 and
+S longest source of the live rows, each rounded up to a multiple of `cache.WIDTH_STEP`.
 
 Batch by batch (`search.greedy_search`), a batch of 64 test2016 sentences takes as many steps
 as its longest output, and its last steps run a handful of rows at nearly the cost of 64 (a
@@ -38,7 +38,7 @@ from attnmt.decoding.search import (
     max_lengths,
     pick_tokens,
 )
-from attnmt.engine.cache import SlotCache, SlotStep, StepCache, widened
+from attnmt.engine.cache import SlotCache, SlotStep, StepCache, widened, width
 from attnmt.model.attention import padding_mask
 from attnmt.model.config import ModelConfig
 
@@ -322,8 +322,8 @@ class _Rows:
         H, Dh = engine.cfg.n_heads, engine.cfg.d_head
         self.device, self.dtype, self.n_heads = device, like.dtype, H
         self.caches = [SlotCache(slots, H, Dh, first.src_len, like) for _ in engine.decoder_linears]
-        self.cross_bias = torch.full(
-            (slots, like.size(1)), float("-inf"), dtype=like.dtype, device=device
+        self.cross_bias = torch.full(  # (R, S): as wide as the widest source loaded, rounded
+            (slots, width(like.size(1))), float("-inf"), dtype=like.dtype, device=device
         )
         self.sentences: list[_Sentence] = []
         self.positions: list[int] = []
@@ -350,7 +350,7 @@ class _Rows:
         (the step's one sync; ids < 2^24 are exact in float32)."""
         pos, positions, sentences = self.pos, self.positions, self.sentences
         end = max(positions) + 1
-        slot_step = self._slot_step(end)
+        slot_step = self._slot_step(width(end))
         for cache in self.caches:
             cache.start_step(slot_step)
         x = engine.embed_rows(self.last, pos, end)  # (n, D)
@@ -372,9 +372,10 @@ class _Rows:
         return chosen, totals
 
     def _slot_step(self, end: int) -> SlotStep:
-        """What the caches read this step: rows 0..n-1 write `pos` and read `end` positions."""
+        """What the caches read this step: rows 0..n-1 write `pos` and read `end` positions
+        (a `width`), the sources' too in a `width`."""
         n, H, pos, device = len(self.sentences), self.n_heads, self.pos, self.device
-        src_len = max(sentence.src_len for sentence in self.sentences)
+        src_len = width(max(sentence.src_len for sentence in self.sentences))
         row_ids = torch.arange(n, device=device)
         hidden_pos = torch.arange(end, device=device).unsqueeze(0) > pos.unsqueeze(1)  # (n, T)
         self_bias = torch.zeros(n, end, dtype=self.dtype, device=device)
@@ -412,7 +413,7 @@ class _Rows:
             cache.load(row, k, v)
         cross_bias = self.cross_bias
         if sentence.src_len > cross_bias.size(1):
-            cross_bias = widened(cross_bias, 1, sentence.src_len).fill_(float("-inf"))
+            cross_bias = widened(cross_bias, 1, width(sentence.src_len)).fill_(float("-inf"))
             for r, other in enumerate(self.sentences):
                 cross_bias[r, : other.src_len] = 0.0
             self.cross_bias = cross_bias

@@ -15,6 +15,7 @@ import torch
 from attnmt.data.batching import encode_source_batch
 from attnmt.decoding.search import SearchConfig, greedy_search
 from attnmt.engine import Engine
+from attnmt.engine.cache import WIDTH_STEP, SlotCache, SlotStep, width
 from attnmt.engine.continuous import GreedyStream, continuous_greedy_search
 from attnmt.engine.engine import bf16_packing_runs
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
@@ -147,3 +148,34 @@ def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) 
     alone = [batch_by_batch(engine, [ids], cfg)[0] for ids in src]
     assert_same_results([got[i] for i in range(len(src))], alone)
     assert stream.step() == []  # nothing live: no step
+
+
+def test_slot_cache_steps_read_whole_buffers_in_rounded_widths() -> None:
+    """A step reads rows 0..n-1 of each buffer whole (contiguous: oneDNN's bmm copies a
+    narrower slice first) in widths rounded up to `WIDTH_STEP`; resizing keeps live rows'
+    histories and sources, also when the widths shrink."""
+    H, Dh = 2, 3
+    cache = SlotCache(rows=3, n_heads=H, d_head=Dh, src_len=5, like=torch.zeros(1))
+    ks = [torch.randn(H, S, Dh) for S in (5, 11)]
+    for row, k in enumerate(ks):
+        cache.load(row, k, -k)
+
+    def step(positions: list[int], src_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n, end = len(positions), width(max(positions) + 1)
+        bias = torch.zeros(n * H, 1, end)
+        cache.start_step(SlotStep(torch.arange(n), torch.tensor(positions), end, width(src_len), bias, bias))  # fmt: skip
+        new = torch.stack([torch.full((H, 1, Dh), float(p)) for p in positions])
+        return cache.append(new, new)
+
+    history = []
+    for t in range(10):  # row 0 at position t, row 1 at t + 3 (from 3): widths 8, then 16
+        k, v = step([t, t + 3], 11)
+        history.append(k)
+        assert k.shape == (2, H, width(t + 4), Dh) and k.is_contiguous() and v.is_contiguous()
+        assert cache.cross_k.shape == (2, H, 16, Dh) and cache.cross_k.is_contiguous()
+    assert k[0, :, :10, 0].eq(torch.arange(10.0)).all() and k[1, :, 3:13, 0].eq(torch.arange(3.0, 13.0)).all()  # fmt: skip
+    k, _ = step([10], 5)  # row 1 gone: both widths shrink, row 0 keeps its past and source
+    assert k.shape == (1, H, 16, Dh) and cache.cross_k.shape == (1, H, 8, Dh)
+    assert k[0, :, :11, 0].eq(torch.arange(11.0)).all()
+    assert torch.equal(cache.cross_k[0, :, :5], ks[0]) and cache.cross_k[0, :, 5:].eq(0).all()
+    assert WIDTH_STEP == 8 and [width(n) for n in (1, 8, 9)] == [8, 8, 16]
