@@ -35,6 +35,10 @@ from attnmt.cli.translate import (
 from attnmt.common.errors import UserError
 
 PROG = program_name("serve.py")
+# Greedy requests arriving one by one wait up to this many steps to be encoded together
+# (`GreedyStream`'s `gather`): 1.05x the sentences/s at 32 clients, 2 and 3 alike
+# (docs/benchmarks.md, "The server's steps").
+STREAM_GATHER = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -453,7 +457,9 @@ def load_batcher(
     def open_stream(cfg: Any, langs: tuple) -> Any:
         """Greedy requests joining one continuous batch between its steps, or None."""
         context = partial(runtime.autocast, device, precision)  # entered on the model thread
-        return RequestStream.open(model, tokenizer_for(langs), cfg, context=context, record=record)
+        return RequestStream.open(
+            model, tokenizer_for(langs), cfg, STREAM_GATHER, context=context, record=record
+        )
 
     batcher = Batcher(
         translate,

@@ -179,3 +179,39 @@ def test_slot_cache_steps_read_whole_buffers_in_rounded_widths() -> None:
     assert k[0, :, :11, 0].eq(torch.arange(11.0)).all()
     assert torch.equal(cache.cross_k[0, :, :5], ks[0]) and cache.cross_k[0, :, 5:].eq(0).all()
     assert WIDTH_STEP == 8 and [width(n) for n in (1, 8, 9)] == [8, 8, 16]
+
+
+def test_gather_encodes_arrivals_together_and_waits_at_most_gather_steps(tiny_model) -> None:  # noqa: ANN001
+    """`gather=2`: a sentence added alone while rows run waits for a second one (encoded
+    together), or at most 2 steps; with no row running it starts at once; outputs unchanged."""
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
+    batches: list[int] = []
+    encode = engine.encode
+    engine.encode = lambda src, mask=None: batches.append(src.size(0)) or encode(src, mask)  # type: ignore[method-assign]
+    src = sources(5, seed=11, max_len=6)
+    cfg = SearchConfig(batch_size=4, max_len_a=0.0, max_len_b=30)
+    stream = GreedyStream(engine, SPECIAL, cfg, gather=2)
+    got: dict[int, list] = {}
+
+    def step() -> None:
+        got.update((index, [hyp]) for index, hyp in stream.step())
+
+    stream.add([src[0]])
+    step()  # nothing ran: encoded at once
+    assert batches == [1]
+    stream.add([src[1]])
+    step()
+    stream.add([src[2]])
+    step()  # the second arrival joins the first: encoded together
+    assert batches == [1, 2]
+    stream.add([src[3]])
+    for _ in range(2):
+        step()
+        assert batches == [1, 2]  # waited 1, then 2 steps
+    step()  # waited its 2 steps: encoded alone
+    assert batches == [1, 2, 1]
+    stream.add([src[4]])
+    while stream.live:
+        step()
+    assert batches == [1, 2, 1, 1]  # the last one waited alone after the others finished
+    assert_same_results([got[i] for i in range(len(src))], [batch_by_batch(engine, [s], cfg)[0] for s in src])  # fmt: skip
