@@ -12,15 +12,15 @@ Without --url it starts `serve.py` itself on a free loopback port, once per mode
 the defaults; `no-batching`: `--no-batching`). The reference translation of every sentence is
 computed once up front, one sentence per request and one request at a time; then, at each
 client count, the clients send all the sentences (`--per-request` per request) as fast as
-answers come back. An answer that differs from its sentence's reference is counted as a
-mismatch, and as a swap when it equals another sentence's reference (a lost, duplicated or
-swapped translation); the exit status is 1 when any mismatch is found. Bounded: at most
-`--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak`
-runs the soak instead (see `run_soak`). `--offline` times translate.py's own loader and
-`Translator` on the same sentences, beam and threads, in its precision (the run's, as
-translate.py and serve.py both decode, or `--precision`'s for both; median of 3, model load
-excluded) before each mode's levels, and ends with the server / offline table (medians over
-rounds).
+answers come back (after one untimed pass at the most clients: `--no-warm` skips it). An answer
+that differs from its sentence's reference is counted as a mismatch, and as a swap when it
+equals another sentence's reference (a lost, duplicated or swapped translation); the exit
+status is 1 when any mismatch is found. Bounded: at most `--sentences` sentences per level and
+`--max-seconds` per level; loopback only. `--soak` runs the soak instead (see `run_soak`).
+`--offline` times translate.py's own loader and `Translator` on the same sentences, beam and
+threads, in its precision (the run's, as translate.py and serve.py both decode, or
+`--precision`'s for both; median of 3, model load excluded) before each mode's levels, and ends
+with the server / offline table (medians over rounds).
 """
 
 from __future__ import annotations
@@ -290,6 +290,8 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
                     print(f"references {model} beam {beam}: {len(sentences)} sentences, one at a "
                           f"time, in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
                 speed = offline(args.checkpoint[ids.index(model) if model else 0], beam, sentences, args.precision) if args.offline else 0.0  # fmt: skip
+                if args.warm:  # untimed, as offline's first of 3 runs: the server's heap grown
+                    run_level(url, mode, max(clients), sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
                 for n in clients:
                     level = run_level(url, mode if len(beams) == 1 else f"{mode}, beam {beam}", n, sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
                     levels.append(level._replace(offline=speed))
@@ -571,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--beam", default="1", help="beam_size of every request; a comma list measures each (default: 1)")
     add("--offline", action="store_true", help="with -c: also time offline translate.py (see above)")
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
+    add("--no-warm", dest="warm", action="store_false", help="no untimed pass before the levels")
     add("--server-args", default="", help="extra serve.py flags, space-separated")
     add("--precision", choices=("fp32", "bf16"),
         help="with -c: serve.py and offline translate.py both decode in it (default: the run's)")

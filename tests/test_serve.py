@@ -291,7 +291,9 @@ def test_concurrent_requests_each_get_their_own_answer(server: str) -> None:
 
 
 def test_load_script_finds_every_answer_matches_its_request(server: str, tmp_path: Path) -> None:
-    """benchmarks/load_server.py against the running server: consistency, not speed."""
+    """benchmarks/load_server.py against the running server: consistency, not speed; one
+    untimed pass at the most clients before the levels (its model calls are in none)."""
+    calls_before = request(server, "GET", "/health")[1]["batches"]
     sentences = tmp_path / "src.txt"
     sentences.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
     out = tmp_path / "levels.json"
@@ -306,6 +308,8 @@ def test_load_script_finds_every_answer_matches_its_request(server: str, tmp_pat
         assert (level["sentences"], level["requests"]) == (24, 12)
         assert (level["mismatched"], level["errors"]) == (0, 0)
     assert "| as started | 6 | 12 |" in done.stdout
+    calls = request(server, "GET", "/health")[1]["batches"] - calls_before
+    assert calls > 24 + sum(level["batches"] for level in levels)  # 24: the references
 
 
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir: Path) -> None:
