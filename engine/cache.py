@@ -118,10 +118,10 @@ class SlotCache:
         """Rows `rows` (m,) move to rows `to` (m,) (their first `end` positions, `src_len`
         sources); the other rows stay where they are."""
         widths = [(self._k, end), (self._v, end), (self._ck, src_len), (self._cv, src_len)]
-        for buf, width in widths:
+        for buf, size in widths:
             if buf is not None:
-                width = min(width, buf.size(2))
-                buf[to, :, :width] = buf[rows, :, :width]
+                size = min(size, buf.size(2))
+                buf[to, :, :size] = buf[rows, :, :size]
 
 
 def widened(buf: Tensor, dim: int, size: int) -> Tensor:
