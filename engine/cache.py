@@ -85,7 +85,7 @@ class SlotCache:
         history is zeroed (masked anyway, but an inf or NaN left there would leak as 0 * NaN)."""
         S = k.size(1)
         if S > self._ck.size(2):  # a longer source than the step's: widen (zeros after)
-            self._ck, self._cv = widened(self._ck, 2, width(S)), widened(self._cv, 2, width(S))
+            self._ck, self._cv = resized(self._ck, 2, width(S)), resized(self._cv, 2, width(S))
         for buf in (self._ck, self._cv, self._k, self._v):
             if buf is not None:
                 buf[row].zero_()
@@ -98,9 +98,9 @@ class SlotCache:
         `src_len`; rows past them are loaded afresh (`load`) before they are read again."""
         n, end, src_len = step.rows.numel(), step.end, step.src_len
         if self._k is not None and self._v is not None and end != self._k.size(2):
-            self._k, self._v = widened(self._k, 2, end), widened(self._v, 2, end)
+            self._k, self._v = resized(self._k, 2, end), resized(self._v, 2, end)
         if src_len != self._ck.size(2):
-            self._ck, self._cv = widened(self._ck, 2, src_len), widened(self._cv, 2, src_len)
+            self._ck, self._cv = resized(self._ck, 2, src_len), resized(self._cv, 2, src_len)
         self._n, self._end, self._rows, self._positions = n, end, step.rows, step.positions
         self.cross_k, self.cross_v = self._ck[:n], self._cv[:n]
         self.self_bias, self.cross_bias = step.self_bias, step.cross_bias
@@ -124,8 +124,9 @@ class SlotCache:
                 buf[to, :, :size] = buf[rows, :, :size]
 
 
-def widened(buf: Tensor, dim: int, size: int) -> Tensor:
-    """`buf` with dimension `dim` of `size`: its first entries, zeros after (cut if smaller)."""
+def resized(buf: Tensor, dim: int, size: int) -> Tensor:
+    """A copy of `buf` with dimension `dim` of `size`: its first entries, zeros after if it
+    grows, cut if it shrinks."""
     shape = list(buf.shape)
     shape[dim] = size
     new = buf.new_zeros(shape)

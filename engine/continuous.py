@@ -38,7 +38,7 @@ from attnmt.decoding.search import (
     max_lengths,
     pick_tokens,
 )
-from attnmt.engine.cache import SlotCache, SlotStep, StepCache, widened, width
+from attnmt.engine.cache import SlotCache, SlotStep, StepCache, resized, width
 from attnmt.model.attention import padding_mask
 from attnmt.model.config import ModelConfig
 
@@ -193,8 +193,7 @@ class GreedyStream:
         `gather` of them together: other rows run, none is encoded, fewer than `gather` were
         added, and they have waited fewer than `gather` steps."""
         queue = self.queue
-        pending = len(queue.src_ids) - queue.next_index
-        holding = self.rows is not None and not queue.waiting and 0 < pending < self.gather
+        holding = self.rows is not None and not queue.waiting and 0 < queue.pending < self.gather
         holding = holding and self.held < self.gather
         self.held = self.held + 1 if holding else 0
         return holding
@@ -228,7 +227,7 @@ class RequestStream:
     @staticmethod
     def open(
         model: object, tokenizer: Tokenizer, cfg: SearchConfig, gather: int = 1, **kwargs: Any
-    ):  # noqa: ANN205, E501
+    ) -> RequestStream | None:
         """A stream for requests with these options on `model` (`gather`: `GreedyStream`'s),
         or None where `Translator` would not search them with continuous batching (beam,
         sampling, an int8 engine, a model without it, a forced target language token)."""
@@ -310,9 +309,14 @@ class _Queue:
         self.waiting: deque[_Sentence] = deque()
         self.next_index = 0  # of the next sentence to encode
 
+    @property
+    def pending(self) -> int:
+        """Sentences added and not yet encoded."""
+        return len(self.src_ids) - self.next_index
+
     def next(self) -> _Sentence | None:
         """The next sentence, None when every one has had its row."""
-        if not self.waiting and self.next_index < len(self.src_ids):
+        if not self.waiting and self.pending:
             self._encode_more()
         return self.waiting.popleft() if self.waiting else None
 
@@ -446,7 +450,7 @@ class _Rows:
             cache.load(row, k, v)
         cross_bias = self.cross_bias
         if sentence.src_len > cross_bias.size(1):
-            cross_bias = widened(cross_bias, 1, width(sentence.src_len)).fill_(float("-inf"))
+            cross_bias = resized(cross_bias, 1, width(sentence.src_len)).fill_(float("-inf"))
             for r, other in enumerate(self.sentences):
                 cross_bias[r, : other.src_len] = 0.0
             self.cross_bias = cross_bias
