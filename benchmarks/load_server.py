@@ -272,6 +272,7 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
     clients, beams = [int(c) for c in args.clients.split(",")], [int(b) for b in args.beam.split(",")]  # fmt: skip
     levels: list[Level] = []
     refs: dict[tuple[str, int], list[str]] = {}
+    unchecked = 0  # wrong or failed answers of the untimed passes
     for mode in ["as started"] if args.url else args.modes.split(","):
         if args.url:
             wait_healthy(args.url, None, timeout=30)
@@ -291,7 +292,8 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
                           f"time, in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
                 speed = offline(args.checkpoint[ids.index(model) if model else 0], beam, sentences, args.precision) if args.offline else 0.0  # fmt: skip
                 if args.warm:  # untimed, as offline's first of 3 runs: the server's heap grown
-                    run_level(url, mode, max(clients), sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
+                    warm = run_level(url, mode, max(clients), sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
+                    unchecked += warm.mismatched + warm.errors  # in no level, in the exit status
                 for n in clients:
                     level = run_level(url, mode if len(beams) == 1 else f"{mode}, beam {beam}", n, sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
                     levels.append(level._replace(offline=speed))
@@ -302,7 +304,7 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
         print("\nserver against offline translate.py (medians over rounds)\n" + versus_offline(levels), end="")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps([lv._asdict() for lv in levels], indent=1))
-    bad = sum(lv.mismatched + lv.errors for lv in levels)
+    bad = unchecked + sum(lv.mismatched + lv.errors for lv in levels)
     if bad:
         print(f"load_server: {bad} mismatched or failed answers", file=sys.stderr)
     return 1 if bad else 0
