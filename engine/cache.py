@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import torch
 from torch import Tensor
 
 from attnmt.model.attention import KVCache
@@ -55,16 +56,17 @@ class SlotStep(NamedTuple):
     end: int
     src_len: int
     self_bias: Tensor  # (n * H, 1, T) 0 / -inf: each row's own past
-    cross_bias: Tensor  # (n, H, 1, S) 0 / -inf: each row's own source
+    cross_bias: Tensor  # (b, H, 1, S) 0 / -inf: each sentence's own source (b = n / group)
 
 
 class SlotCache:
     """One decoder layer's cache for rows at different positions (a `StepCache`).
 
     Self-attention K/V live in (R, H, T, Dh) buffers: row i writes position `positions[i]`;
-    `self_bias` hides what is not its own past. The cross-attention K/V of each row's sentence
-    live in (R, H, S, Dh) buffers, zeros past its length (masked by `cross_bias`; zeros, since
-    0 * garbage could be NaN). T and S are the step's widths (`SlotStep`: `width`-rounded):
+    `self_bias` hides what is not its own past. Sentences hold `group` consecutive rows each
+    (1 greedy, K beam search: slot j rows j * K .. j * K + K - 1, its beams); their
+    cross-attention K/V live in (R / group, H, S, Dh) buffers, one entry per sentence, zeros
+    past its length (masked by `cross_bias`; zeros, since 0 * garbage could be NaN). T and S are the step's widths (`SlotStep`: `width`-rounded):
     `start_step` resizes a buffer when they change, so that a step reads rows 0..n-1 of each
     buffer whole. Those views are contiguous, which oneDNN's bf16 `bmm` reads as they are,
     where a narrower slice of a wider buffer was copied first, every layer and step; and the
@@ -72,25 +74,31 @@ class SlotCache:
     (docs/benchmarks.md, "The server's steps").
     """
 
-    def __init__(self, rows: int, n_heads: int, d_head: int, src_len: int, like: Tensor) -> None:
+    def __init__(
+        self, rows: int, n_heads: int, d_head: int, src_len: int, like: Tensor, group: int = 1
+    ) -> None:
         self._k: Tensor | None = None  # (R, H, T, Dh), made by the first `append`
         self._v: Tensor | None = None
-        cross = (rows, n_heads, width(src_len), d_head)
+        self._spare: tuple[Tensor, Tensor] | None = None  # `reorder`'s other K/V buffers
+        self.rows, self.group = rows, group
+        cross = (rows // group, n_heads, width(src_len), d_head)
         self._ck, self._cv = like.new_zeros(cross), like.new_zeros(cross)
         self.cross_k = self.cross_v = self.cross_bias = self.self_bias = None
         self._n, self._end, self._rows, self._positions = 0, 0, None, None
 
-    def load(self, row: int, k: Tensor, v: Tensor) -> None:
-        """Row `row` takes a new sentence's cross-attention K/V (H, S, Dh); its self-attention
-        history is zeroed (masked anyway, but an inf or NaN left there would leak as 0 * NaN)."""
+    def load(self, slot: int, k: Tensor, v: Tensor) -> None:
+        """Sentence slot `slot` takes a new sentence's cross-attention K/V (H, S, Dh); its rows'
+        self-attention history is zeroed (masked anyway, but an inf or NaN left there would
+        leak as 0 * NaN)."""
         S = k.size(1)
         if S > self._ck.size(2):  # a longer source than the step's: widen (zeros after)
             self._ck, self._cv = resized(self._ck, 2, width(S)), resized(self._cv, 2, width(S))
-        for buf in (self._ck, self._cv, self._k, self._v):
+        rows = slice(slot * self.group, (slot + 1) * self.group)
+        for buf, at in ((self._ck, slot), (self._cv, slot), (self._k, rows), (self._v, rows)):
             if buf is not None:
-                buf[row].zero_()
-        self._ck[row, :, :S].copy_(k)
-        self._cv[row, :, :S].copy_(v)
+                buf[at].zero_()
+        self._ck[slot, :, :S].copy_(k)
+        self._cv[slot, :, :S].copy_(v)
 
     def start_step(self, step: SlotStep) -> None:
         """Set the views the step reads (see `SlotStep`), resizing the buffers to its widths.
@@ -102,26 +110,55 @@ class SlotCache:
         if src_len != self._ck.size(2):
             self._ck, self._cv = resized(self._ck, 2, src_len), resized(self._cv, 2, src_len)
         self._n, self._end, self._rows, self._positions = n, end, step.rows, step.positions
-        self.cross_k, self.cross_v = self._ck[:n], self._cv[:n]
+        b = n // self.group  # sentences
+        self.cross_k, self.cross_v = self._ck[:b], self._cv[:b]
         self.self_bias, self.cross_bias = step.self_bias, step.cross_bias
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write each row's new K/V (n, H, 1, Dh) at its position; (n, H, T, Dh) views back."""
         if self._k is None or self._v is None:  # in the projections' dtype (autocast's)
-            shape = (self._ck.size(0), k.size(1), self._end, k.size(3))
+            shape = (self.rows, k.size(1), self._end, k.size(3))
             self._k, self._v = k.new_zeros(shape), v.new_zeros(shape)
         self._k[self._rows, :, self._positions] = k.squeeze(2)
         self._v[self._rows, :, self._positions] = v.squeeze(2)
         return self._k[: self._n], self._v[: self._n]
 
-    def move(self, rows: Tensor, to: Tensor, end: int, src_len: int) -> None:
-        """Rows `rows` (m,) move to rows `to` (m,) (their first `end` positions, `src_len`
-        sources); the other rows stay where they are."""
-        widths = [(self._k, end), (self._v, end), (self._ck, src_len), (self._cv, src_len)]
-        for buf, size in widths:
+    def move(self, slots: Tensor, to: Tensor, end: int, src_len: int) -> None:
+        """Sentence slots `slots` (m,) move to slots `to` (m,) with their rows (their first
+        `end` positions, `src_len` sources); the other slots stay where they are."""
+        g = self.group
+        rows, to_rows = (slot_rows(x, g) for x in (slots, to))
+        widths = [(self._k, end, rows, to_rows), (self._v, end, rows, to_rows)]
+        widths += [(self._ck, src_len, slots, to), (self._cv, src_len, slots, to)]
+        for buf, size, src, dst in widths:
             if buf is not None:
                 size = min(size, buf.size(2))
-                buf[to, :, :size] = buf[rows, :, :size]
+                buf[dst, :, :size] = buf[src, :, :size]
+
+    def reorder(self, rows: Tensor) -> None:
+        """Row i of rows 0..n-1 takes the self-attention history of row `rows[i]` (n,): beams
+        re-ranked inside their sentences (the cross-attention K/V are per sentence). One copy:
+        gathered into a spare buffer, which becomes the buffer (rows past n are not live:
+        `load` clears a slot's rows before they are read). Copying only the rows that change
+        took longer: about two thirds of them do, at beam 5."""
+        if self._k is None or self._v is None:
+            return
+        n = rows.numel()
+        if self._spare is None or self._spare[0].shape != self._k.shape:
+            self._spare = (torch.empty_like(self._k), torch.empty_like(self._v))
+        spare_k, spare_v = self._spare
+        torch.index_select(self._k, 0, rows, out=spare_k[:n])
+        torch.index_select(self._v, 0, rows, out=spare_v[:n])
+        self._spare = (self._k, self._v)
+        self._k, self._v = spare_k, spare_v
+
+
+def slot_rows(slots: Tensor, group: int) -> Tensor:
+    """The rows of sentence slots (m,) -> (m * group,), each slot's rows in order."""
+    if group == 1:
+        return slots
+    offsets = torch.arange(group, device=slots.device)
+    return (slots.unsqueeze(1) * group + offsets).view(-1)
 
 
 def resized(buf: Tensor, dim: int, size: int) -> Tensor:

@@ -66,7 +66,7 @@ class RowDecoder(Protocol):
     ) -> Tensor: ...
 
 
-class _Sentence:
+class QueuedSentence:
     """A sentence waiting for a row: its cross-attention K/V per layer, (H, S, Dh) each."""
 
     __slots__ = ("index", "kv", "src_len", "budget")
@@ -136,7 +136,7 @@ class GreedyStream:
             )
         self.engine, self.special, self.cfg = engine, special, cfg
         self.slots = max(1, rows or cfg.batch_size)
-        self.queue = _Queue(engine, [], special, cfg, self.slots)
+        self.queue = SourceQueue(engine, [], special, cfg, self.slots)
         self.rows: _Rows | None = None
         self.live = 0  # sentences added and not yet finished
         self.gather = max(1, gather)
@@ -291,7 +291,7 @@ class _Request:
         self.left = 0
 
 
-class _Queue:
+class SourceQueue:
     """The sentences in input order, encoded `size` at a time (as `greedy_search` encodes a
     batch) when a row needs one and none is encoded yet."""
 
@@ -306,7 +306,7 @@ class _Queue:
         self.engine, self.src_ids, self.special, self.cfg = engine, src_ids, special, cfg
         self.size = size
         self.device = next(engine.parameters()).device
-        self.waiting: deque[_Sentence] = deque()
+        self.waiting: deque[QueuedSentence] = deque()
         self.next_index = 0  # of the next sentence to encode
 
     @property
@@ -314,7 +314,7 @@ class _Queue:
         """Sentences added and not yet encoded."""
         return len(self.src_ids) - self.next_index
 
-    def next(self) -> _Sentence | None:
+    def next(self) -> QueuedSentence | None:
         """The next sentence, None when every one has had its row."""
         if not self.waiting and self.pending:
             self._encode_more()
@@ -334,7 +334,7 @@ class _Queue:
         for j, i in enumerate(indices):
             S = lengths[j]  # real tokens + EOS: the K/V a row needs
             kv = [(k[j, :, :S], v[j, :, :S]) for k, v in kvs]
-            self.waiting.append(_Sentence(i, kv, S, budgets[j]))
+            self.waiting.append(QueuedSentence(i, kv, S, budgets[j]))
 
 
 class _Rows:
@@ -349,7 +349,7 @@ class _Rows:
     def __init__(
         self,
         engine: RowDecoder,
-        sentences: list[_Sentence],
+        sentences: list[QueuedSentence],
         slots: int,
         bos: int,
         device: torch.device,
@@ -362,7 +362,7 @@ class _Rows:
         self.cross_bias = torch.full(  # (R, S): as wide as the widest source loaded, rounded
             (slots, width(like.size(1))), float("-inf"), dtype=like.dtype, device=device
         )
-        self.sentences: list[_Sentence] = []
+        self.sentences: list[QueuedSentence] = []
         self.positions: list[int] = []
         self.tokens: list[list[int]] = []
         self.pos = torch.zeros(0, dtype=torch.long, device=device)
@@ -371,7 +371,7 @@ class _Rows:
         self.sums = torch.zeros(0, device=device)
         self.extend(sentences, bos)
 
-    def extend(self, sentences: list[_Sentence], bos: int) -> None:
+    def extend(self, sentences: list[QueuedSentence], bos: int) -> None:
         """New rows n..n+k-1 (k <= free slots) take `sentences` from their start."""
         for sentence in sentences:
             self._load(len(self.sentences), sentence)
@@ -434,7 +434,7 @@ class _Rows:
                 tokens[r].append(int(t))
         return finished
 
-    def refill(self, row: int, sentence: _Sentence | None, bos: int) -> bool:
+    def refill(self, row: int, sentence: QueuedSentence | None, bos: int) -> bool:
         """Row `row` (finished) takes `sentence` from its start; False if None (no sentence)."""
         if sentence is None:
             return False
@@ -443,7 +443,7 @@ class _Rows:
         self.last[row], self.sums[row] = bos, 0.0
         return True
 
-    def _load(self, row: int, sentence: _Sentence) -> None:
+    def _load(self, row: int, sentence: QueuedSentence) -> None:
         """Row `row` (a live one, or n: a new row) takes `sentence`'s K/V and source mask; on
         the host, from its start."""
         for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):

@@ -1,0 +1,323 @@
+"""Beam search with continuous batching: a sentence slot freed by a finished sentence takes the
+next sentence at once, as `engine.continuous` does for greedy search.
+
+Legend: R sentence slots (`batch_size`), b live sentences, K beams, n = b * K rows, H heads, V
+vocab, C = 2K candidates per sentence; T and S as `engine.continuous`'s.
+
+Batch by batch (`search.beam_search`), a batch runs as many steps as its longest sentence, its
+last steps on a few sentences; in a server, requests that arrive while a batch runs wait for
+it to end. Here each sentence holds K consecutive rows of a `SlotCache` (its beams) and its
+own step count: its beams are at its own position, see only their own past (a 0 / -inf score
+bias), and read its own source once per sentence (K queries per head, as `beam_search`'s).
+Each step is `beam_search`'s on every live sentence at once: the top 2K tokens of each beam,
+the top 2K (beam, token) extensions of each sentence, fairseq's EOS handling (`_accept_eos`),
+the first K non-EOS candidates kept and the rows' histories re-ranked inside each sentence.
+A sentence that starts has one beam (its K rows are equal; only the first one's candidates
+count, as `beam_search`'s first step, which has one row per sentence). The outputs are
+`beam_search`'s, up to float rounding (as `engine.continuous`'s are `greedy_search`'s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.search import (
+    Hypothesis,
+    SpecialTokens,
+    _accept_eos,
+    _Candidates,
+    _nbest,
+    _top_candidates,
+    length_penalty_divisor,
+    pick_tokens,
+)
+from attnmt.engine.cache import SlotCache, SlotStep, resized, slot_rows, width
+from attnmt.engine.continuous import QueuedSentence, RowDecoder, SourceQueue
+
+
+def continuous_beam_search(
+    engine: RowDecoder,
+    src_ids: list[list[int]],
+    special: SpecialTokens,
+    cfg: SearchConfig,
+    progress: Callable[[int], object] | None = None,
+) -> list[list[Hypothesis]]:
+    """Beam search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` sentence
+    slots of `cfg.beam_size` rows, the engine in eval mode: `cfg.nbest` hypotheses per
+    sentence, best first, in input order. `progress(n)` is called as sentences finish.
+
+    Raises:
+        ValueError: the engine is in training mode.
+    """
+    stream = BeamStream(engine, special, cfg, slots=min(cfg.batch_size, len(src_ids)))
+    stream.add(src_ids)
+    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    while stream.live:
+        finished = stream.step()
+        for index, nbest in finished:
+            results[index] = nbest
+        if finished and progress is not None:
+            progress(len(finished))
+    return results
+
+
+class BeamStream:
+    """Beam search with continuous batching that takes new sentences between its steps (as
+    `engine.continuous.GreedyStream`): `add` queues sentences (non-empty id lists, no
+    specials) and returns their indices; each `step` first gives free slots (of `slots`,
+    default `cfg.batch_size`) to queued sentences in the order added, then runs one step of
+    every live sentence, and returns (index, `cfg.nbest` hypotheses best first) of those that
+    finished. A sentence's hypotheses do not depend on when it was added or on the sentences
+    beside it (up to float rounding).
+
+    Raises:
+        ValueError: the engine is in training mode or `cfg.beam_size` < 2.
+    """
+
+    def __init__(
+        self, engine: RowDecoder, special: SpecialTokens, cfg: SearchConfig, slots: int = 0
+    ) -> None:
+        if engine.training:
+            raise ValueError("continuous beam search needs the engine in eval mode (engine.eval())")
+        if cfg.beam_size < 2:
+            raise ValueError(f"beam search needs beam_size >= 2, got {cfg.beam_size}")
+        self.engine, self.special, self.cfg = engine, special, cfg
+        self.slots = max(1, slots or cfg.batch_size)
+        self.queue = SourceQueue(engine, [], special, cfg, self.slots)
+        self.beams: _SlotBeams | None = None
+        self.live = 0  # sentences added and not yet finished
+
+    def add(self, src_ids: list[list[int]]) -> range:
+        """Queue `src_ids`; their indices (as `step` reports them)."""
+        start = len(self.queue.src_ids)
+        self.queue.src_ids.extend(src_ids)
+        self.live += len(src_ids)
+        return range(start, start + len(src_ids))
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, list[Hypothesis]]]:
+        """One step of every live sentence (after filling free slots); (index, n-best) of the
+        sentences that finished."""
+        beams, queue = self.beams, self.queue
+        new = []
+        taken = len(beams.sentences) if beams else 0
+        while taken + len(new) < self.slots and (sentence := queue.next()) is not None:
+            new.append(sentence)
+        if beams is None:
+            if not new:
+                return []
+            self.beams = beams = _SlotBeams(self.engine, self.cfg, self.slots, queue.device)
+        for sentence in new:
+            beams.load(len(beams.sentences), sentence, self.special.bos)
+        done = beams.step(self.engine, self.special)
+        finished = [(beams.sentences[s].index, _nbest(beams.finished[s], self.cfg.nbest)) for s in done]  # fmt: skip
+        emptied = [s for s in done if not beams.refill(s, queue.next(), self.special.bos)]
+        if emptied:
+            beams.drop(emptied)
+        if not beams.sentences:
+            self.beams = None  # the next sentence starts fresh buffers
+        self.live -= len(finished)
+        return finished
+
+
+class _SlotBeams:
+    """The live sentences in slots 0..b-1, each with K rows (its beams) of the layers'
+    `SlotCache`s, and the source mask as a score bias (R, S_max), 0 / -inf.
+
+    On the host, per slot: its sentence, step (tokens so far on each beam), finished
+    hypotheses; per row: its tokens. On the device, kept equal without syncs: per row `pos`
+    (the slot's step) and `last` token; per slot `scores` (b, K), `n_finished`, `max_len`.
+    """
+
+    def __init__(self, engine: RowDecoder, cfg: SearchConfig, slots: int, device: torch.device):
+        self.K, self.cfg, self.device = cfg.beam_size, cfg, device
+        self.caches: list[SlotCache] = []
+        self.cross_bias: Tensor | None = None  # (R, S): as wide as the widest source, rounded
+        self.n_heads, self.d_head = engine.cfg.n_heads, engine.cfg.d_head
+        self.slots, self.n_layers = slots, len(engine.decoder_linears)
+        self.sentences: list[QueuedSentence] = []
+        self.steps: list[int] = []
+        self.finished: list[list[Hypothesis]] = []
+        self.tokens: list[list[int]] = []  # per row
+        long = dict(dtype=torch.long, device=device)
+        self.pos, self.last = torch.zeros(0, **long), torch.zeros(0, **long)
+        self.n_finished, self.max_len = torch.zeros(0, **long), torch.zeros(0, **long)
+        self.scores = torch.zeros(0, self.K, device=device)
+
+    def load(self, slot: int, sentence: QueuedSentence, bos: int) -> None:
+        """Slot `slot` (a live one, or b: a new slot) takes `sentence` from its start: one
+        live beam (the others at -inf), BOS on every row."""
+        K, like = self.K, sentence.kv[0][0]
+        if not self.caches:
+            self.caches = [
+                SlotCache(self.slots * K, self.n_heads, self.d_head, sentence.src_len, like, K)
+                for _ in range(self.n_layers)
+            ]
+            self.dtype = like.dtype
+            self.cross_bias = torch.full(
+                (self.slots, width(sentence.src_len)), float("-inf"), dtype=like.dtype,
+                device=self.device,
+            )  # fmt: skip
+        for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):
+            cache.load(slot, k, v)
+        self._source_bias(slot, sentence.src_len)
+        sentence.kv = []  # the cache holds them now
+        start = torch.full((self.K,), float("-inf"), device=self.device)
+        start[0] = 0.0
+        row = slice(slot * K, slot * K + K)
+        if slot == len(self.sentences):  # a new slot
+            self.sentences.append(sentence), self.steps.append(0), self.finished.append([])
+            self.tokens += [[] for _ in range(K)]
+            self.pos = torch.cat([self.pos, self.pos.new_zeros(K)])
+            self.last = torch.cat([self.last, self.last.new_full((K,), bos)])
+            self.scores = torch.cat([self.scores, start.unsqueeze(0)])
+            self.n_finished = torch.cat([self.n_finished, self.n_finished.new_zeros(1)])
+            budget = self.max_len.new_full((1,), sentence.budget)
+            self.max_len = torch.cat([self.max_len, budget])
+            return
+        self.sentences[slot], self.steps[slot], self.finished[slot] = sentence, 0, []
+        self.tokens[row] = [[] for _ in range(K)]
+        self.pos[row], self.last[row], self.scores[slot] = 0, bos, start
+        self.n_finished[slot], self.max_len[slot] = 0, sentence.budget
+
+    def _source_bias(self, slot: int, src_len: int) -> None:
+        cross_bias = self.cross_bias
+        if src_len > cross_bias.size(1):
+            cross_bias = resized(cross_bias, 1, width(src_len)).fill_(float("-inf"))
+            for s, other in enumerate(self.sentences):
+                cross_bias[s, : other.src_len] = 0.0
+            self.cross_bias = cross_bias
+        cross_bias[slot].fill_(float("-inf"))
+        cross_bias[slot, :src_len] = 0.0
+
+    def refill(self, slot: int, sentence: QueuedSentence | None, bos: int) -> bool:
+        """Slot `slot` (finished) takes `sentence`; False if None (no sentence)."""
+        if sentence is None:
+            return False
+        self.load(slot, sentence, bos)
+        return True
+
+    def step(self, engine: RowDecoder, special: SpecialTokens) -> list[int]:
+        """One step of every live sentence; the slots that finished (`beam_search`'s rule: K
+        finished hypotheses, or the budget passed)."""
+        K, steps = self.K, self.steps
+        end = width(max(steps) + 1)
+        slot_step = self._slot_step(end)
+        for cache in self.caches:
+            cache.start_step(slot_step)
+        x = engine.embed_rows(self.last, self.pos, end)  # (n, D)
+        hidden = engine.decoder_step(x, None, None, self.caches)  # (n, D)
+        at_budget = any(t >= s.budget for t, s in zip(steps, self.sentences, strict=True))
+        max_len = self.max_len.repeat_interleave(K)  # (n,)
+        lprobs, tokens = pick_tokens(
+            engine.generator(hidden),
+            special,
+            2 * K,
+            self.pos.eq(0),
+            self.pos.ge(max_len) if at_budget else None,
+        )  # (n, 2K) each
+        cands = self._candidates(lprobs, tokens)
+        accept = _accept_eos(cands, self.n_finished, K, special.eos)  # (b, K)
+        self.n_finished = self.n_finished + accept.sum(dim=1)
+        for s in range(len(steps)):
+            steps[s] += 1
+        step = torch.tensor(steps, device=self.device)
+        done = self.n_finished.ge(K) | self.max_len.lt(step)  # (b,)
+        n_cands = cands.tokens.size(1)
+        # the first K non-EOS candidates in rank order, as `search._advance`
+        order = cands.tokens.eq(special.eos).long() * n_cands + torch.arange(n_cands, device=self.device)  # fmt: skip
+        picked = order.topk(K, dim=1, largest=False).indices  # (b, K)
+        new_tokens = cands.tokens.gather(1, picked)  # (b, K)
+        self.scores = cands.scores.gather(1, picked).masked_fill(new_tokens.eq(special.eos), float("-inf"))  # fmt: skip
+        origin = cands.beams.gather(1, picked)  # (b, K)
+        host = torch.cat([accept.long(), done.long().unsqueeze(1), origin, new_tokens, cands.beams[:, :K]], dim=1).tolist()  # fmt: skip
+        if any(any(h[:K]) for h in host):
+            self._finalize(host, cands.scores[:, :K].tolist())
+        rows = torch.arange(len(steps), device=self.device).unsqueeze(1) * K + origin  # (b, K)
+        for cache in self.caches:
+            cache.reorder(rows.view(-1))
+        old = self.tokens
+        self.tokens = [
+            old[s * K + h[K + 1 + j]] + [h[2 * K + 1 + j]] for s, h in enumerate(host) for j in range(K)
+        ]  # fmt: skip
+        self.last, self.pos = new_tokens.view(-1), self.pos + 1
+        return [s for s, h in enumerate(host) if h[K]]
+
+    def _candidates(self, lprobs: Tensor, tokens: Tensor) -> _Candidates:
+        """The best 2K extensions of each sentence over its beams (`search._top_candidates`);
+        a sentence at its first step has one beam: its first row's candidates only."""
+        K, b = self.K, len(self.steps)
+        cands = _top_candidates(lprobs, tokens, self.scores, K)  # (b, C)
+        starting = [s for s, t in enumerate(self.steps) if t == 0]
+        if not starting:
+            return cands
+        slots = torch.tensor(starting, device=self.device)
+        first = slots * K  # their first rows
+        zeros = self.scores.new_zeros(len(starting), 1)
+        fresh = _top_candidates(lprobs[first], tokens[first], zeros, K)
+        fields = []
+        for field, new in zip(cands, fresh, strict=True):
+            if field is not None:
+                field = field.clone() if b > len(starting) else new
+                if b > len(starting):
+                    field[slots] = new
+            fields.append(field)
+        return _Candidates(*fields)
+
+    def _finalize(self, host: list[list[int]], top_scores: list[list[float]]) -> None:
+        """Store each accepted hypothesis (tokens before EOS, score), as `search._finalize`."""
+        K, cfg = self.K, self.cfg
+        for s, (h, scores) in enumerate(zip(host, top_scores, strict=True)):
+            for j in range(K):
+                if h[j]:
+                    total = scores[j]
+                    penalty = length_penalty_divisor(self.steps[s], cfg.length_penalty, cfg.lp_type)
+                    prefix = self.tokens[s * K + h[3 * K + 1 + j]]
+                    self.finished[s].append(Hypothesis(list(prefix), total / penalty, total))
+
+    def _slot_step(self, end: int) -> SlotStep:
+        """What the caches read this step: rows 0..n-1 write `pos` and read `end` positions,
+        the sources `width`-rounded."""
+        b, K, H = len(self.sentences), self.K, self.n_heads
+        n, pos, device = b * K, self.pos, self.device
+        src_len = width(max(sentence.src_len for sentence in self.sentences))
+        hidden_pos = torch.arange(end, device=device).unsqueeze(0) > pos.unsqueeze(1)  # (n, T)
+        self_bias = torch.zeros(n, end, dtype=self.dtype, device=device)
+        self_bias.masked_fill_(hidden_pos, float("-inf"))
+        self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
+        step_cross = self.cross_bias[:b, :src_len].view(b, 1, 1, src_len)
+        step_cross = step_cross.expand(b, H, 1, src_len).contiguous()
+        row_ids = torch.arange(n, device=device)
+        return SlotStep(row_ids, pos, end, src_len, self_bias, step_cross)
+
+    def drop(self, emptied: list[int]) -> None:
+        """Slots `emptied` go (no sentence left to take): the live slots past the first m move
+        into the emptied slots below m (as `engine.continuous`'s rows)."""
+        K, b, gone = self.K, len(self.sentences), set(emptied)
+        m = b - len(gone)
+        movers = [s for s in range(m, b) if s not in gone]
+        holes = sorted(s for s in gone if s < m)
+        if movers:
+            slots = torch.tensor(movers, device=self.device)
+            to = torch.tensor(holes, device=self.device)
+            end = max(self.steps[s] for s in movers)
+            src_len = max(self.sentences[s].src_len for s in movers)
+            for cache in self.caches:
+                cache.move(slots, to, end, src_len)
+            for state in (self.cross_bias, self.scores, self.n_finished, self.max_len):
+                state[to] = state[slots]
+            rows, to_rows = slot_rows(slots, K), slot_rows(to, K)
+            for state in (self.pos, self.last):
+                state[to_rows] = state[rows]
+            for host in (self.sentences, self.steps, self.finished):
+                for s, h in zip(movers, holes, strict=True):
+                    host[h] = host[s]
+            for s, h in zip(movers, holes, strict=True):
+                self.tokens[h * K : h * K + K] = self.tokens[s * K : s * K + K]
+        self.scores, self.n_finished, self.max_len = self.scores[:m], self.n_finished[:m], self.max_len[:m]  # fmt: skip
+        self.pos, self.last = self.pos[: m * K], self.last[: m * K]
+        del self.sentences[m:], self.steps[m:], self.finished[m:], self.tokens[m * K :]
