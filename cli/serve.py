@@ -419,7 +419,7 @@ def load_batcher(
 
     from attnmt.common import runtime
     from attnmt.decoding.translator import Translator
-    from attnmt.engine.continuous import RequestStream
+    from attnmt.engine.requests import RequestStream
     from attnmt.server.batcher import Batcher
 
     model, tokenizer, device = load_model(args, [path])
@@ -455,7 +455,7 @@ def load_batcher(
         }
 
     def open_stream(cfg: Any, langs: tuple) -> Any:
-        """Greedy requests joining one continuous batch between its steps, or None."""
+        """Greedy or beam requests joining one continuous batch between its steps, or None."""
         context = partial(runtime.autocast, device, precision)  # entered on the model thread
         return RequestStream.open(
             model, tokenizer_for(langs), cfg, STREAM_GATHER, context=context, record=record

@@ -19,17 +19,14 @@ masked positions add exact zeros to the softmax sums, but the sums may run in an
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
 
 from attnmt.data.batching import encode_source_batch
-from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import (
     Hypothesis,
@@ -197,98 +194,6 @@ class GreedyStream:
         holding = holding and self.held < self.gather
         self.held = self.held + 1 if holding else 0
         return holding
-
-
-class RequestStream:
-    """Requests (lists of sentences) through one `GreedyStream`, each translated as
-    `Translator.translate_nbest` translates it with greedy search and continuous batching:
-    the sentences stripped and tokenized, an empty one an empty translation with score 0 that
-    never reaches the model; a request is done when its last sentence is. `open` says where
-    that applies (what `Translator` would search with continuous batching).
-
-    `add` a request (its handle back), then `step` until `live` is 0: each step returns the
-    requests that finished, (handle, one `[(text, score)]` per sentence). `record(sentences,
-    source tokens, target tokens, seconds since added)`, if given, is called per request.
-    `context()` is entered around each step (autocast, on the thread that steps).
-    """
-
-    def __init__(
-        self,
-        search: GreedyStream,
-        tokenizer: Tokenizer,
-        context: Callable[[], AbstractContextManager] = nullcontext,
-        record: Callable[[int, int, int, float], object] | None = None,
-    ) -> None:
-        self.search, self.tokenizer, self.context, self.record = search, tokenizer, context, record
-        self.requests: dict[int, _Request] = {}  # by handle, until answered
-        self.owners: dict[int, tuple[_Request, int]] = {}  # search index -> request, sentence
-        self.handles = 0
-
-    @staticmethod
-    def open(
-        model: object, tokenizer: Tokenizer, cfg: SearchConfig, gather: int = 1, **kwargs: Any
-    ) -> RequestStream | None:
-        """A stream for requests with these options on `model` (`gather`: `GreedyStream`'s),
-        or None where `Translator` would not search them with continuous batching (beam,
-        sampling, an int8 engine, a model without it, a forced target language token)."""
-        if cfg.beam_size != 1 or cfg.sampling or tokenizer.target_prefix():
-            return None
-        if not getattr(model, "continuous_batching", False) or getattr(model, "training", True):
-            return None
-        search = GreedyStream(model, tokenizer.special, cfg, gather=gather)
-        return RequestStream(search, tokenizer, **kwargs)
-
-    @property
-    def live(self) -> int:
-        """Requests added and not yet returned by `step`."""
-        return len(self.requests)
-
-    @property
-    def sentences(self) -> int:
-        """Sentences in the search: searching or waiting for a row."""
-        return self.search.live
-
-    def add(self, sentences: list[str]) -> int:
-        """Queue a request; its handle."""
-        ids = self.tokenizer.encode_src([s.strip() for s in sentences])
-        request = _Request(self.handles, ids)
-        self.handles += 1
-        self.requests[request.handle] = request
-        kept = [j for j, one in enumerate(ids) if one]
-        for j, index in zip(kept, self.search.add([ids[j] for j in kept]), strict=True):
-            self.owners[index] = (request, j)
-        request.left = len(kept)
-        return request.handle
-
-    def step(self) -> list[tuple[int, list[list[tuple[str, float]]]]]:
-        """One search step (none when no sentence is searching); the requests done."""
-        with self.context():
-            finished = self.search.step() if self.search.live else []
-        for index, hypothesis in finished:
-            request, j = self.owners.pop(index)
-            request.hyps[j] = hypothesis
-            request.left -= 1
-        done = [r for r in self.requests.values() if r.left == 0]
-        answers = []
-        for request in done:
-            del self.requests[request.handle]
-            hyps = request.hyps
-            texts = self.tokenizer.decode_tgt([h.tokens for h in hyps])
-            answers.append((request.handle, [[(t, h.score)] for t, h in zip(texts, hyps, strict=True)]))  # fmt: skip
-            if self.record is not None:
-                src = sum(len(ids) for ids in request.ids)
-                tgt = sum(len(h.tokens) for h in hyps)
-                self.record(len(hyps), src, tgt, time.perf_counter() - request.added)
-        return answers
-
-
-class _Request:
-    """A request in a `RequestStream`: its source ids, hypotheses, sentences still searching."""
-
-    def __init__(self, handle: int, ids: list[list[int]]) -> None:
-        self.handle, self.ids, self.added = handle, ids, time.perf_counter()
-        self.hyps = [Hypothesis([], 0.0, 0.0) for _ in ids]
-        self.left = 0
 
 
 class SourceQueue:

@@ -3,8 +3,8 @@
 Handlers `submit` jobs from the event loop; the model thread takes the oldest job, waits up to
 `wait` seconds for more jobs with the same search options (while the batch holds fewer than
 `max_sentences` sentences), and runs them as one call. Where the model offers a stream for
-the oldest job's options (`open_stream`: greedy search with continuous batching,
-`engine.continuous.RequestStream`), it does not wait: the job starts at once and, between
+the oldest job's options (`open_stream`: greedy or beam search with continuous batching,
+`engine.requests.RequestStream`), it does not wait: the job starts at once and, between
 the stream's steps, queued jobs with the same options and pair join it (in arrival order,
 while its sentences stay within `max_sentences`; the first job that may not join stops the
 joining, so it waits for at most one stream to drain), each answered as soon as its own
@@ -53,7 +53,7 @@ Attention = Callable[[SearchConfig, str, Langs], Any]
 
 
 class Stream(Protocol):
-    """A search that takes requests between its steps (`engine.continuous.RequestStream`)."""
+    """A search that takes requests between its steps (`engine.requests.RequestStream`)."""
 
     @property
     def sentences(self) -> int: ...  # sentences in the search (searching or waiting for a row)
@@ -304,5 +304,5 @@ class Batcher:
 
 
 def _streamable(job: Job) -> bool:
-    """Whether `job` may join a greedy stream: the stream forces no prefix and no terms."""
+    """Whether `job` may join a stream: the stream forces no prefix and no terms."""
     return not any(job.prefixes or []) and job.glossary is None

@@ -12,9 +12,11 @@ import torch
 
 from attnmt.data.batching import encode_source_batch
 from attnmt.decoding.search import SearchConfig, beam_search
+from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from attnmt.engine.beams import BeamStream, continuous_beam_search
 from attnmt.engine.engine import bf16_packing_runs
+from attnmt.engine.requests import RequestStream
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_continuous import sources
 from tests.test_search import assert_same_results
@@ -102,3 +104,29 @@ def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) 
     alone = [beam_batch_by_batch(engine, [ids], cfg)[0] for ids in src]
     assert_same_results([got[i] for i in range(len(src))], alone)
     assert stream.step() == []  # nothing live: no step
+
+
+def test_request_stream_answers_beam_requests_as_translator(tokenizer, model) -> None:  # noqa: ANN001
+    """serve.py's stream for beam requests (`RequestStream.open`): each request's n-best
+    texts and scores are `Translator.translate_nbest`'s (batch by batch), empty lines too,
+    requests joining between steps; greedy options open a greedy stream, sampling none."""
+    engine = Engine(model).eval()
+    cfg = SearchConfig(beam_size=3, nbest=2, batch_size=2)
+    stream = RequestStream.open(engine, tokenizer, cfg)
+    assert stream is not None and isinstance(stream.search, BeamStream)
+    requests = [["a b c", "", "d e f g h"], ["b a"], ["c c c c", "a"]]
+    handles = [stream.add(requests[0])]
+    answers: dict[int, list] = {}
+    while stream.live:
+        answers.update(stream.step())
+        if len(handles) < len(requests):
+            handles.append(stream.add(requests[len(handles)]))
+    for handle, sentences in zip(handles, requests, strict=True):
+        expected = Translator(engine, tokenizer, cfg).translate_nbest(sentences)
+        got = answers[handle]
+        assert [[t for t, _ in n] for n in got] == [[h.text for h in n] for n in expected]
+        scores = [s for n in got for _, s in n]
+        assert scores == pytest.approx([h.score for n in expected for h in n], abs=1e-4)
+    greedy = RequestStream.open(engine, tokenizer, SearchConfig(beam_size=1))
+    assert greedy is not None and not isinstance(greedy.search, BeamStream)
+    assert RequestStream.open(engine, tokenizer, SearchConfig(sampling=True)) is None
