@@ -114,7 +114,8 @@ class BeamStream:
         for sentence in new:
             beams.load(len(beams.sentences), sentence, self.special.bos)
         done = beams.step(self.engine, self.special)
-        finished = [(beams.sentences[s].index, _nbest(beams.finished[s], self.cfg.nbest)) for s in done]  # fmt: skip
+        nbest = self.cfg.nbest
+        finished = [(beams.sentences[s].index, _nbest(beams.finished[s], nbest)) for s in done]
         emptied = [s for s in done if not beams.refill(s, queue.next(), self.special.bos)]
         if emptied:
             beams.drop(emptied)
@@ -158,10 +159,8 @@ class _SlotBeams:
                 for _ in range(self.n_layers)
             ]
             self.dtype = like.dtype
-            self.cross_bias = torch.full(
-                (self.slots, width(sentence.src_len)), float("-inf"), dtype=like.dtype,
-                device=self.device,
-            )  # fmt: skip
+            shape = (self.slots, width(sentence.src_len))
+            self.cross_bias = torch.full(shape, float("-inf"), dtype=like.dtype, device=self.device)
         for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):
             cache.load(slot, k, v)
         self._source_bias(slot, sentence.src_len)
@@ -204,48 +203,51 @@ class _SlotBeams:
     def step(self, engine: RowDecoder, special: SpecialTokens) -> list[int]:
         """One step of every live sentence; the slots that finished (`beam_search`'s rule: K
         finished hypotheses, or the budget passed)."""
-        K, steps = self.K, self.steps
-        end = width(max(steps) + 1)
+        K, eos = self.K, special.eos
+        cands = self._candidates(*self._decode(engine, special))  # (b, C) each
+        accept = _accept_eos(cands, self.n_finished, K, eos)  # (b, K)
+        self.n_finished = self.n_finished + accept.sum(dim=1)
+        self.steps = [t + 1 for t in self.steps]
+        step = torch.tensor(self.steps, device=self.device)
+        done = self.n_finished.ge(K) | self.max_len.lt(step)  # (b,)
+        # the first K non-EOS candidates in rank order, as `search._advance`
+        n_cands = cands.tokens.size(1)
+        rank = torch.arange(n_cands, device=self.device)
+        picked = (cands.tokens.eq(eos).long() * n_cands + rank).topk(K, largest=False).indices
+        tokens = cands.tokens.gather(1, picked)  # (b, K)
+        self.scores = cands.scores.gather(1, picked).masked_fill(tokens.eq(eos), float("-inf"))
+        origin = cands.beams.gather(1, picked)  # (b, K): the beam each new one extends
+        ended = cands.beams[:, :K]  # (b, K): the beam each accepted EOS ends
+        # one host sync: per slot, K accept flags, done, K origins, K tokens, K ended beams
+        host = torch.cat([accept.long(), done.long().unsqueeze(1), origin, tokens, ended], 1)
+        flags = host.tolist()
+        if any(any(row[:K]) for row in flags):
+            self._finalize(flags, cands.scores[:, :K].tolist())
+        rows = torch.arange(len(self.steps), device=self.device).unsqueeze(1) * K + origin
+        for cache in self.caches:
+            cache.reorder(rows.view(-1))  # (n,): row i takes row rows[i]'s history
+        old = self.tokens
+        self.tokens = [
+            old[s * K + row[K + 1 + j]] + [row[2 * K + 1 + j]]
+            for s, row in enumerate(flags)
+            for j in range(K)
+        ]
+        self.last, self.pos = tokens.view(-1), self.pos + 1
+        return [s for s, row in enumerate(flags) if row[K]]
+
+    def _decode(self, engine: RowDecoder, special: SpecialTokens) -> tuple[Tensor, Tensor]:
+        """Every row's top 2K next tokens and their log-probabilities, (n, 2K) each: EOS not
+        at a sentence's first step, only EOS once a sentence holds its budget of tokens."""
+        end = width(max(self.steps) + 1)
         slot_step = self._slot_step(end)
         for cache in self.caches:
             cache.start_step(slot_step)
         x = engine.embed_rows(self.last, self.pos, end)  # (n, D)
         hidden = engine.decoder_step(x, None, None, self.caches)  # (n, D)
-        at_budget = any(t >= s.budget for t, s in zip(steps, self.sentences, strict=True))
-        max_len = self.max_len.repeat_interleave(K)  # (n,)
-        lprobs, tokens = pick_tokens(
-            engine.generator(hidden),
-            special,
-            2 * K,
-            self.pos.eq(0),
-            self.pos.ge(max_len) if at_budget else None,
-        )  # (n, 2K) each
-        cands = self._candidates(lprobs, tokens)
-        accept = _accept_eos(cands, self.n_finished, K, special.eos)  # (b, K)
-        self.n_finished = self.n_finished + accept.sum(dim=1)
-        for s in range(len(steps)):
-            steps[s] += 1
-        step = torch.tensor(steps, device=self.device)
-        done = self.n_finished.ge(K) | self.max_len.lt(step)  # (b,)
-        n_cands = cands.tokens.size(1)
-        # the first K non-EOS candidates in rank order, as `search._advance`
-        order = cands.tokens.eq(special.eos).long() * n_cands + torch.arange(n_cands, device=self.device)  # fmt: skip
-        picked = order.topk(K, dim=1, largest=False).indices  # (b, K)
-        new_tokens = cands.tokens.gather(1, picked)  # (b, K)
-        self.scores = cands.scores.gather(1, picked).masked_fill(new_tokens.eq(special.eos), float("-inf"))  # fmt: skip
-        origin = cands.beams.gather(1, picked)  # (b, K)
-        host = torch.cat([accept.long(), done.long().unsqueeze(1), origin, new_tokens, cands.beams[:, :K]], dim=1).tolist()  # fmt: skip
-        if any(any(h[:K]) for h in host):
-            self._finalize(host, cands.scores[:, :K].tolist())
-        rows = torch.arange(len(steps), device=self.device).unsqueeze(1) * K + origin  # (b, K)
-        for cache in self.caches:
-            cache.reorder(rows.view(-1))
-        old = self.tokens
-        self.tokens = [
-            old[s * K + h[K + 1 + j]] + [h[2 * K + 1 + j]] for s, h in enumerate(host) for j in range(K)
-        ]  # fmt: skip
-        self.last, self.pos = new_tokens.view(-1), self.pos + 1
-        return [s for s, h in enumerate(host) if h[K]]
+        at_budget = any(t >= s.budget for t, s in zip(self.steps, self.sentences, strict=True))
+        max_len = self.max_len.repeat_interleave(self.K)  # (n,)
+        limit = self.pos.ge(max_len) if at_budget else None
+        return pick_tokens(engine.generator(hidden), special, 2 * self.K, self.pos.eq(0), limit)
 
     def _candidates(self, lprobs: Tensor, tokens: Tensor) -> _Candidates:
         """The best 2K extensions of each sentence over its beams (`search._top_candidates`);
@@ -259,14 +261,10 @@ class _SlotBeams:
         first = slots * K  # their first rows
         zeros = self.scores.new_zeros(len(starting), 1)
         fresh = _top_candidates(lprobs[first], tokens[first], zeros, K)
-        fields = []
-        for field, new in zip(cands, fresh, strict=True):
-            if field is not None:
-                field = field.clone() if b > len(starting) else new
-                if b > len(starting):
-                    field[slots] = new
-            fields.append(field)
-        return _Candidates(*fields)
+        if len(starting) == b:
+            return fresh
+        pairs = zip(cands, fresh, strict=True)
+        return _Candidates(*(None if f is None else f.index_put((slots,), g) for f, g in pairs))
 
     def _finalize(self, host: list[list[int]], top_scores: list[list[float]]) -> None:
         """Store each accepted hypothesis (tokens before EOS, score), as `search._finalize`."""
@@ -318,6 +316,6 @@ class _SlotBeams:
                     host[h] = host[s]
             for s, h in zip(movers, holes, strict=True):
                 self.tokens[h * K : h * K + K] = self.tokens[s * K : s * K + K]
-        self.scores, self.n_finished, self.max_len = self.scores[:m], self.n_finished[:m], self.max_len[:m]  # fmt: skip
-        self.pos, self.last = self.pos[: m * K], self.last[: m * K]
+        self.scores, self.n_finished = self.scores[:m], self.n_finished[:m]
+        self.max_len, self.pos, self.last = self.max_len[:m], self.pos[: m * K], self.last[: m * K]
         del self.sentences[m:], self.steps[m:], self.finished[m:], self.tokens[m * K :]

@@ -66,12 +66,13 @@ class SlotCache:
     `self_bias` hides what is not its own past. Sentences hold `group` consecutive rows each
     (1 greedy, K beam search: slot j rows j * K .. j * K + K - 1, its beams); their
     cross-attention K/V live in (R / group, H, S, Dh) buffers, one entry per sentence, zeros
-    past its length (masked by `cross_bias`; zeros, since 0 * garbage could be NaN). T and S are the step's widths (`SlotStep`: `width`-rounded):
-    `start_step` resizes a buffer when they change, so that a step reads rows 0..n-1 of each
-    buffer whole. Those views are contiguous, which oneDNN's bf16 `bmm` reads as they are,
-    where a narrower slice of a wider buffer was copied first, every layer and step; and the
-    rounding keeps the number of matmul shapes, each a oneDNN primitive made once, small
-    (docs/benchmarks.md, "The server's steps").
+    past its length (masked by `cross_bias`; zeros, since 0 * garbage could be NaN). T and S
+    are the step's widths (`SlotStep`: `width`-rounded): `start_step` resizes a buffer when
+    they change, so that a step reads rows 0..n-1 of each buffer whole. Those views are
+    contiguous, which oneDNN's bf16 `bmm` reads as they are, where a narrower slice of a wider
+    buffer was copied first, every layer and step; and the rounding keeps the number of matmul
+    shapes, each a oneDNN primitive made once, small (docs/benchmarks.md, "The server's
+    steps").
     """
 
     def __init__(

@@ -92,8 +92,9 @@ class RequestStream:
         answers = []
         for request in done:
             del self.requests[request.handle]
-            texts = iter(self.tokenizer.decode_tgt([h.tokens for hyps in request.hyps for h in hyps]))  # fmt: skip
-            answers.append((request.handle, [[(next(texts), h.score) for h in hyps] for hyps in request.hyps]))  # fmt: skip
+            nbests = request.hyps
+            texts = iter(self.tokenizer.decode_tgt([h.tokens for hyps in nbests for h in hyps]))
+            answers.append((request.handle, [[(next(texts), h.score) for h in hyps] for hyps in nbests]))  # fmt: skip
             if self.record is not None:
                 src = sum(len(ids) for ids in request.ids)
                 tgt = sum(len(hyps[0].tokens) for hyps in request.hyps)
