@@ -18,10 +18,11 @@ from attnmt.engine.continuous import GreedyStream
 
 class RequestStream:
     """Requests (lists of sentences) through one `GreedyStream` or `engine.beams.BeamStream`,
-    each translated as `Translator.translate_nbest` translates it with continuous batching:
+    each translated as `Translator.translate_nbest` translates it (greedy: with the same
+    continuous batching; beam: batch by batch, the same n-best lists up to float rounding):
     the sentences stripped and tokenized, an empty one an empty translation with score 0 that
     never reaches the model; a request is done when its last sentence is. `open` says where
-    that applies (what `Translator` would search with continuous batching).
+    that applies.
 
     `add` a request (its handle back), then `step` until `live` is 0: each step returns the
     requests that finished, (handle, per sentence its n-best `[(text, score), ...]`, best
@@ -47,8 +48,8 @@ class RequestStream:
         model: object, tokenizer: Tokenizer, cfg: SearchConfig, gather: int = 1, **kwargs: Any
     ) -> RequestStream | None:
         """A stream for requests with these options on `model` (`gather`: `GreedyStream`'s),
-        or None where `Translator` would not search them with continuous batching (sampling,
-        an int8 engine, a model without it, a forced target language token)."""
+        or None where no stream searches them (sampling, an int8 engine, a model without
+        continuous batching, a forced target language token)."""
         if cfg.sampling or tokenizer.target_prefix():
             return None
         if not getattr(model, "continuous_batching", False) or getattr(model, "training", True):
