@@ -35,8 +35,15 @@ from attnmt.decoding.search import (
     length_penalty_divisor,
     pick_tokens,
 )
-from attnmt.engine.cache import SlotCache, SlotStep, resized, slot_rows, width
-from attnmt.engine.continuous import QueuedSentence, RowDecoder, SourceQueue
+from attnmt.engine.cache import SlotCache, slot_rows, width
+from attnmt.engine.continuous import (
+    QueuedSentence,
+    RowDecoder,
+    SourceQueue,
+    drain,
+    slot_step,
+    source_bias,
+)
 
 
 def continuous_beam_search(
@@ -54,15 +61,7 @@ def continuous_beam_search(
         ValueError: the engine is in training mode.
     """
     stream = BeamStream(engine, special, cfg, slots=min(cfg.batch_size, len(src_ids)))
-    stream.add(src_ids)
-    results: list[list[Hypothesis]] = [[] for _ in src_ids]
-    while stream.live:
-        finished = stream.step()
-        for index, nbest in finished:
-            results[index] = nbest
-        if finished and progress is not None:
-            progress(len(finished))
-    return results
+    return drain(stream, src_ids, progress)
 
 
 class BeamStream:
@@ -93,10 +92,8 @@ class BeamStream:
 
     def add(self, src_ids: list[list[int]]) -> range:
         """Queue `src_ids`; their indices (as `step` reports them)."""
-        start = len(self.queue.src_ids)
-        self.queue.src_ids.extend(src_ids)
         self.live += len(src_ids)
-        return range(start, start + len(src_ids))
+        return self.queue.add(src_ids)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[int, list[Hypothesis]]]:
@@ -158,12 +155,12 @@ class _SlotBeams:
                 SlotCache(self.slots * K, self.n_heads, self.d_head, sentence.src_len, like, K)
                 for _ in range(self.n_layers)
             ]
-            self.dtype = like.dtype
             shape = (self.slots, width(sentence.src_len))
             self.cross_bias = torch.full(shape, float("-inf"), dtype=like.dtype, device=self.device)
         for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):
             cache.load(slot, k, v)
-        self._source_bias(slot, sentence.src_len)
+        lengths = [other.src_len for other in self.sentences]
+        self.cross_bias = source_bias(self.cross_bias, slot, sentence.src_len, lengths)
         sentence.kv = []  # the cache holds them now
         start = torch.full((self.K,), float("-inf"), device=self.device)
         start[0] = 0.0
@@ -182,16 +179,6 @@ class _SlotBeams:
         self.tokens[row] = [[] for _ in range(K)]
         self.pos[row], self.last[row], self.scores[slot] = 0, bos, start
         self.n_finished[slot], self.max_len[slot] = 0, sentence.budget
-
-    def _source_bias(self, slot: int, src_len: int) -> None:
-        cross_bias = self.cross_bias
-        if src_len > cross_bias.size(1):
-            cross_bias = resized(cross_bias, 1, width(src_len)).fill_(float("-inf"))
-            for s, other in enumerate(self.sentences):
-                cross_bias[s, : other.src_len] = 0.0
-            self.cross_bias = cross_bias
-        cross_bias[slot].fill_(float("-inf"))
-        cross_bias[slot, :src_len] = 0.0
 
     def refill(self, slot: int, sentence: QueuedSentence | None, bos: int) -> bool:
         """Slot `slot` (finished) takes `sentence`; False if None (no sentence)."""
@@ -239,9 +226,10 @@ class _SlotBeams:
         """Every row's top 2K next tokens and their log-probabilities, (n, 2K) each: EOS not
         at a sentence's first step, only EOS once a sentence holds its budget of tokens."""
         end = width(max(self.steps) + 1)
-        slot_step = self._slot_step(end)
+        lengths = [sentence.src_len for sentence in self.sentences]
+        step = slot_step(self.pos, end, lengths, self.cross_bias, self.n_heads)
         for cache in self.caches:
-            cache.start_step(slot_step)
+            cache.start_step(step)
         x = engine.embed_rows(self.last, self.pos, end)  # (n, D)
         hidden = engine.decoder_step(x, None, None, self.caches)  # (n, D)
         at_budget = any(t >= s.budget for t, s in zip(self.steps, self.sentences, strict=True))
@@ -276,21 +264,6 @@ class _SlotBeams:
                     penalty = length_penalty_divisor(self.steps[s], cfg.length_penalty, cfg.lp_type)
                     prefix = self.tokens[s * K + h[3 * K + 1 + j]]
                     self.finished[s].append(Hypothesis(list(prefix), total / penalty, total))
-
-    def _slot_step(self, end: int) -> SlotStep:
-        """What the caches read this step: rows 0..n-1 write `pos` and read `end` positions,
-        the sources `width`-rounded."""
-        b, K, H = len(self.sentences), self.K, self.n_heads
-        n, pos, device = b * K, self.pos, self.device
-        src_len = width(max(sentence.src_len for sentence in self.sentences))
-        hidden_pos = torch.arange(end, device=device).unsqueeze(0) > pos.unsqueeze(1)  # (n, T)
-        self_bias = torch.zeros(n, end, dtype=self.dtype, device=device)
-        self_bias.masked_fill_(hidden_pos, float("-inf"))
-        self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
-        step_cross = self.cross_bias[:b, :src_len].view(b, 1, 1, src_len)
-        step_cross = step_cross.expand(b, H, 1, src_len).contiguous()
-        row_ids = torch.arange(n, device=device)
-        return SlotStep(row_ids, pos, end, src_len, self_bias, step_cross)
 
     def drop(self, emptied: list[int]) -> None:
         """Slots `emptied` go (no sentence left to take): the live slots past the first m move

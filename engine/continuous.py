@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -89,12 +89,32 @@ def continuous_greedy_search(
         ValueError: the engine is in training mode.
     """
     stream = GreedyStream(engine, special, cfg, rows=min(cfg.batch_size, len(src_ids)))
+    return [[hypothesis] for hypothesis in drain(stream, src_ids, progress)]
+
+
+class SentenceStream(Protocol):
+    """`GreedyStream` or `engine.beams.BeamStream`: `add` sentences, `step` until `live` is 0."""
+
+    live: int
+
+    def add(self, src_ids: list[list[int]]) -> range: ...
+
+    def step(self) -> list[tuple[int, Any]]: ...
+
+
+def drain(
+    stream: SentenceStream,
+    src_ids: list[list[int]],
+    progress: Callable[[int], object] | None = None,
+) -> list[Any]:
+    """`src_ids` through `stream` until it runs dry: what `step` reports of each sentence, in
+    input order; `progress(n)` as sentences finish."""
     stream.add(src_ids)
-    results: list[list[Hypothesis]] = [[] for _ in src_ids]
+    results: list[Any] = [None] * len(src_ids)
     while stream.live:
         finished = stream.step()
-        for index, hypothesis in finished:
-            results[index] = [hypothesis]
+        for index, found in finished:
+            results[index] = found
         if finished and progress is not None:
             progress(len(finished))
     return results
@@ -141,10 +161,8 @@ class GreedyStream:
 
     def add(self, src_ids: list[list[int]]) -> range:
         """Queue `src_ids`; their indices (as `step` reports them)."""
-        start = len(self.queue.src_ids)
-        self.queue.src_ids.extend(src_ids)
         self.live += len(src_ids)
-        return range(start, start + len(src_ids))
+        return self.queue.add(src_ids)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[int, Hypothesis]]:
@@ -214,6 +232,12 @@ class SourceQueue:
         self.waiting: deque[QueuedSentence] = deque()
         self.next_index = 0  # of the next sentence to encode
 
+    def add(self, src_ids: list[list[int]]) -> range:
+        """Queue `src_ids` (encoded when rows need them); their indices."""
+        start = len(self.src_ids)
+        self.src_ids.extend(src_ids)
+        return range(start, len(self.src_ids))
+
     @property
     def pending(self) -> int:
         """Sentences added and not yet encoded."""
@@ -262,7 +286,7 @@ class _Rows:
         first = sentences[0]
         like = first.kv[0][0]
         H, Dh = engine.cfg.n_heads, engine.cfg.d_head
-        self.device, self.dtype, self.n_heads = device, like.dtype, H
+        self.device, self.n_heads = device, H
         self.caches = [SlotCache(slots, H, Dh, first.src_len, like) for _ in engine.decoder_linears]
         self.cross_bias = torch.full(  # (R, S): as wide as the widest source loaded, rounded
             (slots, width(like.size(1))), float("-inf"), dtype=like.dtype, device=device
@@ -292,9 +316,10 @@ class _Rows:
         (the step's one sync; ids < 2^24 are exact in float32)."""
         pos, positions, sentences = self.pos, self.positions, self.sentences
         end = max(positions) + 1
-        slot_step = self._slot_step(width(end))
+        lengths = [sentence.src_len for sentence in sentences]
+        step = slot_step(pos, width(end), lengths, self.cross_bias, self.n_heads)
         for cache in self.caches:
-            cache.start_step(slot_step)
+            cache.start_step(step)  # rows 0..n-1 read `width(end)` positions, sources rounded
         x = engine.embed_rows(self.last, pos, end)  # (n, D)
         hidden = engine.decoder_step(x, None, None, self.caches)  # (n, D)
         # rows at their budget, if any (known on the host): no device-side test otherwise
@@ -312,20 +337,6 @@ class _Rows:
         self.last = token
         chosen, totals = torch.stack([token.to(sums.dtype), sums]).tolist()
         return chosen, totals
-
-    def _slot_step(self, end: int) -> SlotStep:
-        """What the caches read this step: rows 0..n-1 write `pos` and read `end` positions
-        (a `width`), the sources' too in a `width`."""
-        n, H, pos, device = len(self.sentences), self.n_heads, self.pos, self.device
-        src_len = width(max(sentence.src_len for sentence in self.sentences))
-        row_ids = torch.arange(n, device=device)
-        hidden_pos = torch.arange(end, device=device).unsqueeze(0) > pos.unsqueeze(1)  # (n, T)
-        self_bias = torch.zeros(n, end, dtype=self.dtype, device=device)
-        self_bias.masked_fill_(hidden_pos, float("-inf"))
-        self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
-        step_cross = self.cross_bias[:n, :src_len].view(n, 1, 1, src_len)
-        step_cross = step_cross.expand(n, H, 1, src_len).contiguous()  # as `StepKVCache`'s
-        return SlotStep(row_ids, pos, end, src_len, self_bias, step_cross)
 
     def advance(self, chosen: list[float], eos: int) -> list[int]:
         """Each row moves on by its chosen token; the rows that chose EOS (they finished)."""
@@ -353,14 +364,8 @@ class _Rows:
         the host, from its start."""
         for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):
             cache.load(row, k, v)
-        cross_bias = self.cross_bias
-        if sentence.src_len > cross_bias.size(1):
-            cross_bias = resized(cross_bias, 1, width(sentence.src_len)).fill_(float("-inf"))
-            for r, other in enumerate(self.sentences):
-                cross_bias[r, : other.src_len] = 0.0
-            self.cross_bias = cross_bias
-        cross_bias[row].fill_(float("-inf"))
-        cross_bias[row, : sentence.src_len] = 0.0
+        lengths = [other.src_len for other in self.sentences]
+        self.cross_bias = source_bias(self.cross_bias, row, sentence.src_len, lengths)
         sentence.kv = []  # the rows hold them now
         if row == len(self.sentences):
             self.sentences.append(sentence), self.positions.append(0), self.tokens.append([])
@@ -390,3 +395,34 @@ class _Rows:
         self.pos, self.budget = self.pos[:m], self.budget[:m]
         self.last, self.sums = self.last[:m], self.sums[:m]
         del self.sentences[m:], self.positions[m:], self.tokens[m:]
+
+
+def slot_step(
+    pos: Tensor, end: int, src_lengths: list[int], cross_bias: Tensor, n_heads: int
+) -> SlotStep:
+    """A continuous-batching step (`cache.SlotStep`) of rows at positions `pos` (n,) reading
+    `end` positions, for b sentences of `src_lengths` (b,) with K = n / b rows each (1 greedy,
+    the beams): each row's past as a (n * H, 1, T) bias, each sentence's source mask from
+    `cross_bias` (>= b, S_max) as a (b, H, 1, S) one, S the longest `width`-rounded."""
+    n, b, H, device = pos.numel(), len(src_lengths), n_heads, pos.device
+    src_len = width(max(src_lengths))
+    hidden_pos = torch.arange(end, device=device).unsqueeze(0) > pos.unsqueeze(1)  # (n, T)
+    self_bias = torch.zeros(n, end, dtype=cross_bias.dtype, device=device)
+    self_bias.masked_fill_(hidden_pos, float("-inf"))
+    self_bias = self_bias.unsqueeze(1).expand(n, H, end).reshape(n * H, 1, end)
+    step_cross = cross_bias[:b, :src_len].view(b, 1, 1, src_len)
+    step_cross = step_cross.expand(b, H, 1, src_len).contiguous()  # as `StepKVCache`'s
+    return SlotStep(torch.arange(n, device=device), pos, end, src_len, self_bias, step_cross)
+
+
+def source_bias(cross_bias: Tensor, slot: int, src_len: int, lengths: list[int]) -> Tensor:
+    """The source masks (R, S_max) as 0 / -inf with slot `slot` taking a source of `src_len`
+    tokens: widened (`width`-rounded) when it is longer than any before, the live slots'
+    `lengths` kept. In place where no widening is needed."""
+    if src_len > cross_bias.size(1):
+        cross_bias = resized(cross_bias, 1, width(src_len)).fill_(float("-inf"))
+        for s, length in enumerate(lengths):
+            cross_bias[s, :length] = 0.0
+    cross_bias[slot].fill_(float("-inf"))
+    cross_bias[slot, :src_len] = 0.0
+    return cross_bias

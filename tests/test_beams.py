@@ -18,7 +18,7 @@ from attnmt.engine.beams import BeamStream, continuous_beam_search
 from attnmt.engine.engine import bf16_packing_runs
 from attnmt.engine.requests import RequestStream
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
-from tests.test_continuous import sources
+from tests.test_continuous import feed_between_steps, sources
 from tests.test_search import assert_same_results
 
 
@@ -88,19 +88,7 @@ def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) 
     cfg = SearchConfig(beam_size=3, nbest=2, batch_size=3, max_len_a=1.5, max_len_b=8)
     stream = BeamStream(engine, SPECIAL, cfg)
     arrivals = {0: [0], 1: [1, 2], 3: list(range(3, 8)), 6: [8]}  # step -> sentences added
-    got: dict[int, list] = {}
-    steps, added, emptied = 0, 0, False
-    while added < len(src) or stream.live:
-        if steps in arrivals or (emptied and added < len(src)):
-            new = arrivals.get(steps, list(range(added, min(added + 4, len(src)))))
-            assert list(stream.add([src[i] for i in new])) == new
-            added, emptied = new[-1] + 1, False
-        for index, nbest in stream.step():
-            assert index not in got
-            got[index] = nbest
-        emptied |= stream.live == 0
-        steps += 1
-    assert sorted(got) == list(range(len(src)))
+    got = feed_between_steps(stream, src, arrivals, then=4)
     alone = [beam_batch_by_batch(engine, [ids], cfg)[0] for ids in src]
     assert_same_results([got[i] for i in range(len(src))], alone)
     assert stream.step() == []  # nothing live: no step

@@ -15,6 +15,7 @@ import torch
 from attnmt.data.batching import encode_source_batch
 from attnmt.decoding.search import SearchConfig, greedy_search
 from attnmt.engine import Engine
+from attnmt.engine.beams import BeamStream
 from attnmt.engine.cache import WIDTH_STEP, SlotCache, SlotStep, width
 from attnmt.engine.continuous import GreedyStream, continuous_greedy_search
 from attnmt.engine.engine import bf16_packing_runs
@@ -132,22 +133,35 @@ def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) 
     cfg = SearchConfig(batch_size=4, max_len_a=1.5, max_len_b=8)
     stream = GreedyStream(engine, SPECIAL, cfg)
     arrivals = {0: [0], 1: [1, 2], 3: list(range(3, 9)), 6: [9]}  # step -> sentences added
-    got: dict[int, list] = {}
+    got = feed_between_steps(stream, src, arrivals, then=5)
+    alone = [batch_by_batch(engine, [ids], cfg)[0] for ids in src]
+    assert_same_results([[got[i]] for i in range(len(src))], alone)
+    assert stream.step() == []  # nothing live: no step
+
+
+def feed_between_steps(
+    stream: GreedyStream | BeamStream,
+    src: list[list[int]],
+    arrivals: dict[int, list[int]],
+    then: int,
+) -> dict[int, object]:
+    """Add `src` to `stream` between its steps: at step t the sentences `arrivals[t]`, and once
+    the stream has emptied, the next `then` at once; step until every one is reported. What
+    `step` reported of each, by index (each once, by the index `add` gave)."""
+    got: dict[int, object] = {}
     steps, added, emptied = 0, 0, False
     while added < len(src) or stream.live:
         if steps in arrivals or (emptied and added < len(src)):
-            new = arrivals.get(steps, list(range(added, min(added + 5, len(src)))))
+            new = arrivals.get(steps, list(range(added, min(added + then, len(src)))))
             assert list(stream.add([src[i] for i in new])) == new
             added, emptied = new[-1] + 1, False
-        for index, hypothesis in stream.step():
+        for index, found in stream.step():
             assert index not in got
-            got[index] = [hypothesis]
+            got[index] = found
         emptied |= stream.live == 0
         steps += 1
     assert sorted(got) == list(range(len(src)))
-    alone = [batch_by_batch(engine, [ids], cfg)[0] for ids in src]
-    assert_same_results([got[i] for i in range(len(src))], alone)
-    assert stream.step() == []  # nothing live: no step
+    return got
 
 
 def test_slot_cache_steps_read_whole_buffers_in_rounded_widths() -> None:
