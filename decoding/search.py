@@ -482,7 +482,7 @@ def sample_search(
     rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling", n, given)
     rows = rows.hypotheses
     per_sentence = [[hyp for row in rows[i : i + n] for hyp in row] for i in range(0, len(rows), n)]
-    return SearchResult([_nbest(hyps, n) for hyps in per_sentence])
+    return SearchResult([best_hypotheses(hyps, n) for hyps in per_sentence])
 
 
 def _one_per_row(
@@ -547,7 +547,7 @@ class _Beams:
     kept: Tensor | None = None  # (B, nbest), float64 once set, as `Hypothesis.score`
 
 
-class _Candidates(NamedTuple):
+class Candidates(NamedTuple):
     """The best `C = 2K` (beam, token) extensions of each sentence, best first."""
 
     scores: Tensor  # (B, C) log-probability after the extension
@@ -608,11 +608,11 @@ def beam_search(
     while beams.sent_ids.numel() > 0:
         if batch.constraints is None:
             lprobs, tokens = _next_tokens(model, batch, beams.tokens[:, -1], step, special, pick)
-            cands = _top_candidates(lprobs, tokens, beams.scores, beam_size)
+            cands = top_candidates(lprobs, tokens, beams.scores, beam_size)
         else:
             cands = _constrained_candidates(model, batch, beams, step, special, beam_size)
         step += 1
-        accept = _accept_eos(cands, beams.n_finished, beam_size, special.eos)  # (B, K)
+        accept = accept_eos(cands, beams.n_finished, beam_size, special.eos)  # (B, K)
         beams.n_finished += accept.sum(dim=1)
         done = beams.n_finished.ge(beam_size) | beams.max_len.lt(step)  # (B,)
         if batch.constraints is not None:
@@ -625,11 +625,11 @@ def beam_search(
     logger.debug("beam search: %d sentences, beam %d, %d steps", B, beam_size, step)
     if constraints is not None:  # outputs that miss a term (ended by the budget) come last
         pairs = zip(finished, missed, strict=True)
-        return SearchResult([_nbest(hyps, cfg.nbest, miss) for hyps, miss in pairs])
-    return SearchResult([_nbest(hyps, cfg.nbest) for hyps in finished])
+        return SearchResult([best_hypotheses(hyps, cfg.nbest, miss) for hyps, miss in pairs])
+    return SearchResult([best_hypotheses(hyps, cfg.nbest) for hyps in finished])
 
 
-def _top_candidates(lprobs: Tensor, tokens: Tensor, scores: Tensor, beam_size: int) -> _Candidates:
+def top_candidates(lprobs: Tensor, tokens: Tensor, scores: Tensor, beam_size: int) -> Candidates:
     """The best 2K extensions per sentence over all its beams.
 
     The global top 2K of `score + log p(token)` over k beams x V tokens are among each beam's
@@ -642,7 +642,7 @@ def _top_candidates(lprobs: Tensor, tokens: Tensor, scores: Tensor, beam_size: i
     total = (scores.unsqueeze(-1) + lprobs.view(B, k, n)).view(B, k * n)  # (B, k * n)
     # fairseq: 2K candidates "in case half are EOS", so K non-EOS ones always remain
     top_scores, flat = total.topk(min(2 * beam_size, k * n), dim=1)  # (B, C)
-    return _Candidates(top_scores, flat // n, tokens.view(B, k * n).gather(1, flat))
+    return Candidates(top_scores, flat // n, tokens.view(B, k * n).gather(1, flat))
 
 
 def _constrained_candidates(
@@ -652,8 +652,8 @@ def _constrained_candidates(
     step: int,
     special: SpecialTokens,
     beam_size: int,
-) -> _Candidates:
-    """`_top_candidates` under constraints (`decoding.constraints`): each row proposes its top
+) -> Candidates:
+    """`top_candidates` under constraints (`decoding.constraints`): each row proposes its top
     2K tokens plus the next token of each unmet term variant; EOS waits until every term is met;
     the 2K candidates kept are in dynamic beam allocation's order, with their new state."""
     assert batch.constraints is not None and beams.state is not None
@@ -678,13 +678,13 @@ def _constrained_candidates(
     state = state.view(B, k * c, -1)
     picked_state = state.gather(1, order.unsqueeze(2).expand(-1, -1, state.size(2)))
     flat_tokens = tokens.view(B, k * c).gather(1, order)
-    return _Candidates(total.gather(1, order), order // c, flat_tokens, picked_state)
+    return Candidates(total.gather(1, order), order // c, flat_tokens, picked_state)
 
 
 def _cannot_improve(
     cons: lexical.ConstraintSet,
     beams: _Beams,
-    cands: _Candidates,
+    cands: Candidates,
     accept: Tensor,
     step: int,
     cfg: SearchConfig,
@@ -719,7 +719,7 @@ def _cannot_improve(
     return best_live.lt(kept[:, -1])
 
 
-def _accept_eos(cands: _Candidates, n_finished: Tensor, beam_size: int, eos: int) -> Tensor:
+def accept_eos(cands: Candidates, n_finished: Tensor, beam_size: int, eos: int) -> Tensor:
     """(B, K) bool: the EOS candidates ranked in the top K that finish a hypothesis.
 
     A sentence keeps at most K finished hypotheses (the best ones of the step that fills it).
@@ -734,7 +734,7 @@ def _accept_eos(cands: _Candidates, n_finished: Tensor, beam_size: int, eos: int
 def _finalize(
     finished: list[list[Hypothesis]],
     beams: _Beams,
-    cands: _Candidates,
+    cands: Candidates,
     accept: Tensor,  # (B, K) bool, on the CPU
     penalty: float,
     constraints: lexical.ConstraintSet | None = None,
@@ -757,7 +757,7 @@ def _finalize(
 
 
 def _advance(
-    batch: _Batch, beams: _Beams, cands: _Candidates, done: Tensor, beam_size: int, eos: int
+    batch: _Batch, beams: _Beams, cands: Candidates, done: Tensor, beam_size: int, eos: int
 ) -> tuple[_Batch, _Beams]:
     """Prune done sentences, keep the best K non-EOS candidates of the others, move caches.
 
@@ -772,7 +772,7 @@ def _advance(
     device = beams.scores.device
     keep = keep_cpu.to(device) if pruned else torch.arange(B, device=device)  # (B',)
     if pruned:
-        cands = _Candidates(*(f if f is None else f.index_select(0, keep) for f in cands))
+        cands = Candidates(*(f if f is None else f.index_select(0, keep) for f in cands))
     n_cands = cands.tokens.size(1)
     # the first K non-EOS candidates in rank order (fairseq's `active_mask` trick)
     order = cands.tokens.eq(eos).long() * n_cands + torch.arange(n_cands, device=device)
@@ -797,7 +797,7 @@ def _advance(
     return batch, _Beams(sent_ids, scores, new_tokens, n_finished, max_len, state, kept)
 
 
-def _nbest(
+def best_hypotheses(
     hyps: list[Hypothesis], nbest: int, after: list[Hypothesis] | None = None
 ) -> list[Hypothesis]:
     """Best `nbest` by score, then (where too few) the best of `after`; a sentence always gets

@@ -10,7 +10,7 @@ it to end. Here each sentence holds K consecutive rows of a `SlotCache` (its bea
 own step count: its beams are at its own position, see only their own past (a 0 / -inf score
 bias), and read its own source once per sentence (K queries per head, as `beam_search`'s).
 Each step is `beam_search`'s on every live sentence at once: the top 2K tokens of each beam,
-the top 2K (beam, token) extensions of each sentence, fairseq's EOS handling (`_accept_eos`),
+the top 2K (beam, token) extensions of each sentence, fairseq's EOS handling (`accept_eos`),
 the first K non-EOS candidates kept and the rows' histories re-ranked inside each sentence.
 A sentence that starts has one beam (its K rows are equal; only the first one's candidates
 count, as `beam_search`'s first step, which has one row per sentence). The outputs are
@@ -26,14 +26,14 @@ from torch import Tensor
 
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import (
+    Candidates,
     Hypothesis,
     SpecialTokens,
-    _accept_eos,
-    _Candidates,
-    _nbest,
-    _top_candidates,
+    accept_eos,
+    best_hypotheses,
     length_penalty_divisor,
     pick_tokens,
+    top_candidates,
 )
 from attnmt.engine.cache import SlotCache, slot_rows, width
 from attnmt.engine.continuous import (
@@ -112,7 +112,9 @@ class BeamStream:
             beams.load(len(beams.sentences), sentence, self.special.bos)
         done = beams.step(self.engine, self.special)
         nbest = self.cfg.nbest
-        finished = [(beams.sentences[s].index, _nbest(beams.finished[s], nbest)) for s in done]
+        finished = [
+            (beams.sentences[s].index, best_hypotheses(beams.finished[s], nbest)) for s in done
+        ]
         emptied = [s for s in done if not beams.refill(s, queue.next(), self.special.bos)]
         if emptied:
             beams.drop(emptied)
@@ -192,7 +194,7 @@ class _SlotBeams:
         finished hypotheses, or the budget passed)."""
         K, eos = self.K, special.eos
         cands = self._candidates(*self._decode(engine, special))  # (b, C) each
-        accept = _accept_eos(cands, self.n_finished, K, eos)  # (b, K)
+        accept = accept_eos(cands, self.n_finished, K, eos)  # (b, K)
         self.n_finished = self.n_finished + accept.sum(dim=1)
         self.steps = [t + 1 for t in self.steps]
         step = torch.tensor(self.steps, device=self.device)
@@ -233,26 +235,26 @@ class _SlotBeams:
         x = engine.embed_rows(self.last, self.pos, end)  # (n, D)
         hidden = engine.decoder_step(x, None, None, self.caches)  # (n, D)
         at_budget = any(t >= s.budget for t, s in zip(self.steps, self.sentences, strict=True))
-        max_len = self.max_len.repeat_interleave(self.K)  # (n,)
-        limit = self.pos.ge(max_len) if at_budget else None
+        # (n,) rows at their sentence's budget, only when a sentence is (known on the host)
+        limit = self.pos.ge(self.max_len.repeat_interleave(self.K)) if at_budget else None
         return pick_tokens(engine.generator(hidden), special, 2 * self.K, self.pos.eq(0), limit)
 
-    def _candidates(self, lprobs: Tensor, tokens: Tensor) -> _Candidates:
-        """The best 2K extensions of each sentence over its beams (`search._top_candidates`);
+    def _candidates(self, lprobs: Tensor, tokens: Tensor) -> Candidates:
+        """The best 2K extensions of each sentence over its beams (`search.top_candidates`);
         a sentence at its first step has one beam: its first row's candidates only."""
         K, b = self.K, len(self.steps)
-        cands = _top_candidates(lprobs, tokens, self.scores, K)  # (b, C)
+        cands = top_candidates(lprobs, tokens, self.scores, K)  # (b, C)
         starting = [s for s, t in enumerate(self.steps) if t == 0]
         if not starting:
             return cands
         slots = torch.tensor(starting, device=self.device)
         first = slots * K  # their first rows
         zeros = self.scores.new_zeros(len(starting), 1)
-        fresh = _top_candidates(lprobs[first], tokens[first], zeros, K)
+        fresh = top_candidates(lprobs[first], tokens[first], zeros, K)
         if len(starting) == b:
             return fresh
         pairs = zip(cands, fresh, strict=True)
-        return _Candidates(*(None if f is None else f.index_put((slots,), g) for f, g in pairs))
+        return Candidates(*(None if f is None else f.index_put((slots,), g) for f, g in pairs))
 
     def _finalize(self, host: list[list[int]], top_scores: list[list[float]]) -> None:
         """Store each accepted hypothesis (tokens before EOS, score), as `search._finalize`."""
