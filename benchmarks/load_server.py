@@ -577,8 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
     add("--no-warm", dest="warm", action="store_false", help="no untimed pass before the levels")
     add("--server-args", default="", help="extra serve.py flags, space-separated")
-    add("--precision", choices=("fp32", "bf16"),
-        help="with -c: serve.py and offline translate.py both decode in it (default: the run's)")
+    add("--precision", choices=("fp32", "bf16"), help="with -c: serve.py (levels, soak) and offline translate.py decode in it (default: the run's)")
     add("--json", help="also write the levels (or the soak's figures) to this JSON file")
     add("--soak", type=float, metavar="SECONDS",
         help="instead of the levels: a soak of this long (at most 3600) at the last --clients "
@@ -618,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds=min(args.soak, 3600.0), clients=int(args.clients.split(",")[-1]),
         warmup=args.warmup, max_requests=args.max_requests, seed=args.seed,
     )  # fmt: skip
-    return run_soak(args.checkpoint, sentences, settings, args.server_args.split(), args.json)
+    server_args = args.server_args.split() + (["--precision", args.precision] if args.precision else [])  # fmt: skip
+    return run_soak(args.checkpoint, sentences, settings, server_args, args.json)
 
 
 if __name__ == "__main__":

@@ -483,3 +483,20 @@ def test_a_short_soak_loses_no_answer_and_ends_with_exit_0(
     kinds = set(figures["routes"])
     assert {"ours greedy", "ours beam", "LT json", "LT html", "bad request"} <= kinds, kinds
     assert "lost answers: 0" in done.stdout
+
+
+def test_the_soak_serves_in_the_precision_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """load_server --soak --precision P starts serve.py with --precision P (as the levels do),
+    after --server-args; without --precision, serve.py decodes in the run's."""
+    from benchmarks import load_server
+
+    sentences = tmp_path / "src.txt"
+    sentences.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    seen: list[list[str]] = []
+    monkeypatch.setattr(load_server, "run_soak", lambda *a: seen.append(a[3]) or 0)
+    base = ["-c", "RUN", "--input", str(sentences), "--soak", "5", "--server-args", "--beam 2"]
+    assert load_server.main([*base, "--precision", "fp32"]) == 0
+    assert load_server.main(base) == 0
+    assert seen == [["--beam", "2", "--precision", "fp32"], ["--beam", "2"]]
