@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> None:
     flags = search_config(args)
     model, tokenizer, device = load_model(args, args.teacher)
     src, tgt = teacher_languages(args)
-    cfg, precision, _ = run_decoding(args, flags, args.teacher[0], device)
+    cfg, precision, _ = run_decoding(args, flags, args.teacher[0], device, PROG)
     if tokenizer.languages:  # a multilingual imported teacher: its codes for this pair
         tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
     translator = Translator(model, tokenizer, cfg, device)

@@ -478,7 +478,7 @@ def model_decoding(args: argparse.Namespace, defaults: Any, path: str, device: s
     """(the options, the precision) a request to the model at `path` starts from: what
     translate.py -c PATH decodes with, the run's recorded decoding (results.json's) with the
     search flags and --precision applied."""
-    defaults, precision, _ = run_decoding(args, defaults, path, device)
+    defaults, precision, _ = run_decoding(args, defaults, path, device, PROG)
     if defaults.beam_size > args.max_beam:
         raise UserError(
             f"-c {path} decodes with beam {defaults.beam_size}, above --max-beam "

@@ -474,7 +474,7 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
 
 
 def run_decoding(
-    args: argparse.Namespace, flags: SearchConfig, checkpoint: str, device: str
+    args: argparse.Namespace, flags: SearchConfig, checkpoint: str, device: str, prog: str = PROG
 ) -> tuple[SearchConfig, str, bool]:
     """(search, precision, whether the run's record was used) to decode `checkpoint` with on
     `device` (a type): each search flag (`flags`: `search_config(args)`) and --precision given
@@ -482,12 +482,13 @@ def run_decoding(
     "decoding", as in its results.json: `RunDecoding`), else the flag's default. The run's
     precision applies on the device type it was tested on and without --quantize (int8
     computes in int8/fp32); a checkpoint without a record (older, imported) decodes with the
-    flags' defaults."""
+    flags' defaults. Warnings on stderr start with `prog`."""
     from attnmt.common import runtime
 
     given = getattr(args, "given", frozenset())
     recorded = stored_decoding(checkpoint)
     if recorded is None:
+        warn_emulated_bf16(device, args.precision, prog)
         return flags, args.precision, False
     values = {
         f.name: getattr(flags if f.name in given else recorded.search, f.name)
@@ -503,12 +504,28 @@ def run_decoding(
         dtype = runtime.DTYPES.get(precision)
         if dtype is not None and not runtime.autocast_supported(device, dtype):
             print(
-                f"{PROG}: warning: the run decoded in {precision}, which torch cannot autocast "
+                f"{prog}: warning: the run decoded in {precision}, which torch cannot autocast "
                 f"on this {device}: decoding in fp32, so scores may differ from results.json",
                 file=sys.stderr,
             )
             precision = "fp32"
+    warn_emulated_bf16(device, precision, prog)
     return cfg, precision, True
+
+
+def warn_emulated_bf16(device: str, precision: str, prog: str = PROG) -> None:
+    """One line on stderr where bf16 would run emulated: a CPU whose oneDNN has no bf16 (no
+    AVX-512, or capped below it), where bf16 decoded 6-9x slower than on a CPU with it
+    (docs/benchmarks.md, "bf16 on packed weights")."""
+    from attnmt.engine.engine import bf16_packing_runs
+
+    if device == "cpu" and precision == "bf16" and not bf16_packing_runs():
+        print(
+            f"{prog}: warning: bf16 runs emulated on this CPU (oneDNN has no bf16 here: no "
+            "AVX-512), several times slower than fp32; pass --precision fp32 for speed (the "
+            "scores may then differ from results.json's by rounding)",
+            file=sys.stderr,
+        )
 
 
 def stored_decoding(checkpoint: str) -> RunDecoding | None:

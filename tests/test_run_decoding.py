@@ -132,6 +132,41 @@ def test_serve_py_answers_a_request_without_options_as_translate_py_does(run: Pa
         assert request(served.url, "GET", "/info")[1]["precision"] == "bf16"
 
 
+def test_bf16_on_a_cpu_whose_onednn_lacks_it_says_so_once_and_fp32_does_not(run: Path):
+    """Capped to AVX2 (oneDNN without bf16), the run's bf16 decoding warns once on stderr,
+    naming the flag; fp32 there, or bf16 where oneDNN has it, says nothing."""
+    from attnmt.engine.engine import bf16_packing_runs
+
+    capped = {**ENV, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    warned = translate(run, "--input", str(SRC), env=capped)
+    said = [line for line in warned.stderr.splitlines() if "bf16 runs emulated" in line]
+    assert len(said) == 1 and "--precision fp32" in said[0], warned.stderr
+    assert (
+        "bf16 runs emulated"
+        not in translate(run, "--precision", "fp32", "Ein Hund .", env=capped).stderr
+    )
+    native = translate(run, "Ein Hund .", env=ENV).stderr
+    assert ("bf16 runs emulated" in native) == (not bf16_packing_runs())
+
+
+def test_serve_py_warns_of_emulated_bf16_under_its_own_name(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """serve.py (and distill.py) take the run's decoding through `run_decoding`, whose warning
+    names the program that runs it."""
+    from attnmt.cli import serve
+    from attnmt.cli import translate as cli_translate
+    from attnmt.engine import engine
+
+    monkeypatch.setattr(engine, "bf16_packing_runs", lambda: False)
+    args = serve.build_parser().parse_args(["-c", str(run)])
+    cfg, precision, recorded = cli_translate.run_decoding(
+        args, cli_translate.search_config(args), str(run), "cpu", serve.PROG
+    )
+    assert (cfg, precision, recorded) == (SEARCH, "bf16", True)
+    assert capsys.readouterr().err.startswith("serve.py: warning: bf16 runs emulated")
+
+
 def test_the_stored_record_round_trips_and_unknown_keys_are_ignored() -> None:
     record = RunDecoding(SEARCH, "bf16", "cuda")
     assert RunDecoding.from_stored(record.as_dict()) == record
