@@ -40,7 +40,9 @@ from attnmt.engine.continuous import (
     QueuedSentence,
     RowDecoder,
     SourceQueue,
+    compact,
     drain,
+    move_slots,
     slot_step,
     source_bias,
 )
@@ -268,19 +270,14 @@ class _SlotBeams:
                     self.finished[s].append(Hypothesis(list(prefix), total / penalty, total))
 
     def drop(self, emptied: list[int]) -> None:
-        """Slots `emptied` go (no sentence left to take): the live slots past the first m move
-        into the emptied slots below m (as `engine.continuous`'s rows)."""
-        K, b, gone = self.K, len(self.sentences), set(emptied)
-        m = b - len(gone)
-        movers = [s for s in range(m, b) if s not in gone]
-        holes = sorted(s for s in gone if s < m)
+        """Slots `emptied` go (no sentence left to take), the others compacted
+        (`engine.continuous.compact`), each slot with its K rows."""
+        K = self.K
+        m, movers, holes = compact(len(self.sentences), emptied)
         if movers:
-            slots = torch.tensor(movers, device=self.device)
-            to = torch.tensor(holes, device=self.device)
             end = max(self.steps[s] for s in movers)
             src_len = max(self.sentences[s].src_len for s in movers)
-            for cache in self.caches:
-                cache.move(slots, to, end, src_len)
+            slots, to = move_slots(self.caches, movers, holes, end, src_len, self.device)
             for state in (self.cross_bias, self.scores, self.n_finished, self.max_len):
                 state[to] = state[slots]
             rows, to_rows = slot_rows(slots, K), slot_rows(to, K)

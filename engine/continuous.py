@@ -373,20 +373,12 @@ class _Rows:
             self.sentences[row], self.positions[row], self.tokens[row] = sentence, 0, []
 
     def drop(self, emptied: list[int]) -> None:
-        """Rows `emptied` go (no sentence left to take): the live rows past the first m
-        (m = those that stay) move into the emptied rows below m, so that only their own
-        buffers are copied (rows are independent: their order does not matter)."""
-        n, gone = len(self.sentences), set(emptied)
-        m = n - len(gone)
-        movers = [r for r in range(m, n) if r not in gone]
-        holes = sorted(r for r in gone if r < m)  # as many as movers
+        """Rows `emptied` go (no sentence left to take), the others compacted (`compact`)."""
+        m, movers, holes = compact(len(self.sentences), emptied)
         if movers:
-            rows = torch.tensor(movers, dtype=torch.long, device=self.device)
-            to = torch.tensor(holes, dtype=torch.long, device=self.device)
             end = max(self.positions[r] for r in movers)
             src_len = max(self.sentences[r].src_len for r in movers)
-            for cache in self.caches:
-                cache.move(rows, to, end, src_len)
+            rows, to = move_slots(self.caches, movers, holes, end, src_len, self.device)
             for state in (self.cross_bias, self.pos, self.budget, self.last, self.sums):
                 state[to] = state[rows]
             for host in (self.sentences, self.positions, self.tokens):
@@ -395,6 +387,30 @@ class _Rows:
         self.pos, self.budget = self.pos[:m], self.budget[:m]
         self.last, self.sums = self.last[:m], self.sums[:m]
         del self.sentences[m:], self.positions[m:], self.tokens[m:]
+
+
+def compact(live: int, emptied: list[int]) -> tuple[int, list[int], list[int]]:
+    """Slots 0..`live`-1 less `emptied`, kept in 0..m-1 (m = those that stay): (m, the live
+    slots past m, the emptied slots below m, as many), the first moving into the second, so
+    that only their own buffers are copied (slots are independent: their order does not
+    matter)."""
+    gone = set(emptied)
+    m = live - len(gone)
+    return m, [s for s in range(m, live) if s not in gone], sorted(s for s in gone if s < m)
+
+
+def move_slots(
+    caches: list[SlotCache], movers: list[int], holes: list[int], end: int, src_len: int,
+    device: torch.device,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Sentence slots `movers` move to `holes` in every layer's cache (their first `end`
+    positions, `src_len` sources); both as index tensors on `device`, for the caller's
+    per-slot state."""
+    slots = torch.tensor(movers, dtype=torch.long, device=device)
+    to = torch.tensor(holes, dtype=torch.long, device=device)
+    for cache in caches:
+        cache.move(slots, to, end, src_len)
+    return slots, to
 
 
 def slot_step(
