@@ -9,14 +9,16 @@ on against off, and a check that every answer belongs to its request.
         --modes batching,batching,batching             # server against offline translate.py
 
 Without --url it starts `serve.py` itself on a free loopback port, once per mode (`batching`:
-the defaults; `no-batching`: `--no-batching`). The reference translation of every sentence is
-computed once up front, one sentence per request and one request at a time; then, at each
-client count, the clients send all the sentences (`--per-request` per request) as fast as
-answers come back (after one untimed pass at the most clients: `--no-warm` skips it). An answer
-that differs from its sentence's reference is counted as a mismatch, and as a swap when it
-equals another sentence's reference (a lost, duplicated or swapped translation); the exit
-status is 1 when any mismatch is found. Bounded: at most `--sentences` sentences per level and
-`--max-seconds` per level; loopback only. `--soak` runs the soak instead (see `run_soak`).
+the defaults; `no-batching`: `--no-batching`; `in-process`: serve.py's model and batcher in
+this process, the first model only: the server less its HTTP, JSON and pipe). The reference
+translation of every sentence is computed once up front, one sentence per request and one
+request at a time; then, at each client count, the clients send all the sentences
+(`--per-request` per request) as fast as answers come back (after one untimed pass at the most
+clients: `--no-warm` skips it). An answer that differs from its sentence's reference is counted
+as a mismatch, and as a swap when it equals another sentence's reference (a lost, duplicated
+or swapped translation); the exit status is 1 when any mismatch is found. Bounded: at most
+`--sentences` sentences per level and `--max-seconds` per level; loopback only. `--soak` runs
+the soak instead (see `run_soak`).
 `--offline` times translate.py's own loader and `Translator` on the same sentences, beam and
 threads, in its precision (the run's, as translate.py and serve.py both decode, or
 `--precision`'s for both; median of 3, model load excluded) before each mode's levels, and ends
@@ -84,6 +86,39 @@ class Client:
             return json.loads(conn.getresponse().read())
         finally:
             conn.close()
+
+
+class InProcess:
+    """serve.py's model and batcher loaded in this process (mode `in-process`): the server
+    without HTTP, JSON and the model process's pipe, behind `Client`'s `post` and `get`."""
+
+    def __init__(self, checkpoint: str, flags: list[str]) -> None:
+        from attnmt.cli.serve import build_parser, load_batcher, search_config
+
+        args = build_parser().parse_args(["-c", checkpoint, *flags])
+        self.batcher, facts = load_batcher(lambda *_: None, args, checkpoint, search_config(args), False)  # fmt: skip
+        self.defaults = facts["defaults"]
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        from attnmt.server.batcher import Job
+        from attnmt.server.options import search_config
+
+        cfg = search_config({"beam_size": body["beam_size"]}, self.defaults)  # as serve.py's
+        found = self.batcher.submit(Job(cfg, body["sentences"])).result()
+        return 200, {"translations": [nbest[0][0] for nbest in found]}
+
+    def get(self, path: str) -> dict[str, Any]:
+        return {"batches": self.batcher.batches, "models": [{"id": ""}]}
+
+    def __enter__(self) -> InProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.batcher.close()
+
+
+def connect(url: str | InProcess) -> Client | InProcess:
+    return url if isinstance(url, InProcess) else Client(url)
 
 
 class Level(NamedTuple):
@@ -170,12 +205,12 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
     latencies: list[float] = []
     counts = {"sentences": 0, "mismatched": 0, "swapped": 0, "errors": 0}
     lock = threading.Lock()
-    before = Client(url).get("/health")["batches"]
+    before = connect(url).get("/health")["batches"]
     start_time = time.perf_counter()
     deadline = start_time + max_seconds
 
     def client_loop() -> None:
-        client = Client(url)
+        client = connect(url)
         while time.perf_counter() < deadline:
             try:
                 indices = work.get_nowait()
@@ -205,7 +240,7 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - start_time
-    batches = Client(url).get("/health")["batches"] - before
+    batches = connect(url).get("/health")["batches"] - before
     ms = [t * 1000 for t in latencies]
     return Level(
         options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
@@ -280,13 +315,14 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
         else:
             flags = args.server_args.split() + (["--no-batching"] if mode == "no-batching" else [])
             flags += ["--precision", args.precision] if args.precision else []
-            server = started_server(args.checkpoint, flags)
+            local = mode == "in-process"  # one model, no HTTP (`InProcess`)
+            server = InProcess(args.checkpoint[0], flags) if local else started_server(args.checkpoint, flags)  # fmt: skip
         with server as url:
-            ids = [m["id"] for m in Client(url).get("/models")["models"]]
+            ids = [m["id"] for m in connect(url).get("/models")["models"]]
             for model, beam in [(m, b) for m in (ids if len(ids) > 1 else [""]) for b in beams]:
                 options: dict[str, Any] = {"beam_size": beam, **({"model": model} if model else {})}  # fmt: skip
                 if (model, beam) not in refs:
-                    began, client = time.perf_counter(), Client(url)
+                    began, client = time.perf_counter(), connect(url)
                     refs[model, beam] = [translation(client, {"sentences": [s], **options}) for s in sentences]  # fmt: skip
                     print(f"references {model} beam {beam}: {len(sentences)} sentences, one at a "
                           f"time, in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
@@ -571,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sentences", type=int, default=200, help="sentences per level (default: 200)")
     add("--clients", default="1,8,32", help="client counts (default: 1,8,32)")
     add("--per-request", type=int, default=1, help="sentences per request (default: 1)")
-    add("--modes", default="batching,no-batching", help="with -c: server modes to compare")
+    add("--modes", default="batching,no-batching", help="with -c: server modes to compare (batching, no-batching, in-process)")
     add("--beam", default="1", help="beam_size of every request; a comma list measures each (default: 1)")
     add("--offline", action="store_true", help="with -c: also time offline translate.py (see above)")
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")

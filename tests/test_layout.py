@@ -171,10 +171,10 @@ def lines_in(folder: str) -> int:
 
 def test_the_model_is_the_paper_and_the_benchmarks_are_reports() -> None:
     """model/ stays readable beside nanoGPT's 330 lines; benchmarks/ is one harness plus one short
-    report per capability (documents, terminology, the GPU training step, fine-tuning an import);
-    docs/benchmarks.md holds today's figures."""
+    report per capability (documents, terminology, the GPU training step, fine-tuning an import,
+    the server against offline and in process); docs/benchmarks.md holds today's figures."""
     assert lines_in("model") <= 800
-    assert lines_in("benchmarks") <= 2450
+    assert lines_in("benchmarks") <= 2490
     assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 610
 
 

@@ -312,6 +312,29 @@ def test_load_script_finds_every_answer_matches_its_request(server: str, tmp_pat
     assert calls > 24 + sum(level["batches"] for level in levels)  # 24: the references
 
 
+def test_load_script_in_process_mode_loses_no_answer_and_sits_beside_offline(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """load_server's `in-process` mode (serve.py's model and batcher in the script's own
+    process, no HTTP): at 1 and 6 clients, greedy (the stream) and beam 3, every answer is its
+    sentence's reference, and the table sets it beside offline translate.py."""
+    sentences = tmp_path / "src.txt"
+    sentences.write_text("\n".join(SOURCES[:12]) + "\n", encoding="utf-8")
+    out = tmp_path / "levels.json"
+    cmd = [sys.executable, "-m", "benchmarks.load_server", "-c", str(run_dir), "--input"]
+    cmd += [str(sentences), "--modes", "in-process", "--clients", "1,6", "--beam", "1,3"]
+    cmd += ["--offline", "--no-warm", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    levels = json.loads(out.read_text())
+    assert [(lv["beam"], lv["clients"]) for lv in levels] == [(1, 1), (1, 6), (3, 1), (3, 6)]
+    for level in levels:
+        assert (level["sentences"], level["mismatched"], level["errors"]) == (12, 0, 0)
+        assert level["mode"].startswith("in-process") and level["offline"] > 0
+        assert level["batches"] > 0  # the batcher's own count of model calls
+    assert "server against offline translate.py" in done.stdout
+
+
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir: Path) -> None:
     """Seven requests, three of them still sending their bodies when SIGTERM comes (the
     other four queued or answered by then): all seven get their answers, then the server
