@@ -287,18 +287,18 @@ def offline(checkpoint: str, beam: int, sentences: list[str], precision: str = "
 
 
 def versus_offline(levels: list[Level]) -> str:
-    """Per beam and client count, medians over the rounds: the server's sentences/s, offline
-    translate.py's, their ratio (per round), p50 and p99 latency."""
-    rows: dict[tuple[int, int], list[tuple[float, ...]]] = {}
+    """Per mode, beam and client count, medians over the rounds: the server's sentences/s,
+    offline translate.py's, their ratio (per round), p50 and p99 latency."""
+    rows: dict[tuple[str, int, int], list[tuple[float, ...]]] = {}
     for lv in levels:
         rate = lv.sentences / lv.seconds
         figures = (rate, lv.offline, rate / lv.offline, lv.p50_ms, lv.p99_ms)
-        rows.setdefault((lv.beam, lv.clients), []).append(figures)
-    out = "| beam | clients | server sent/s | offline sent/s | server / offline | p50 ms | p99 ms | rounds |\n"  # fmt: skip
-    out += "|---:" * 8 + "|\n"
-    for (beam, clients), figures in sorted(rows.items()):
+        rows.setdefault((lv.mode.split(",")[0], lv.beam, lv.clients), []).append(figures)
+    out = "| mode | beam | clients | server sent/s | offline sent/s | server / offline | p50 ms | p99 ms | rounds |\n"  # fmt: skip
+    out += "|---" + "|---:" * 8 + "|\n"
+    for (mode, beam, clients), figures in sorted(rows.items()):
         m = [statistics.median(column) for column in zip(*figures, strict=True)]
-        out += f"| {beam} | {clients} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.2f} | {m[3]:.0f} | {m[4]:.0f} | {len(figures)} |\n"  # fmt: skip
+        out += f"| {mode} | {beam} | {clients} | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.2f} | {m[3]:.0f} | {m[4]:.0f} | {len(figures)} |\n"  # fmt: skip
     return out
 
 
