@@ -163,8 +163,7 @@ class _SlotBeams:
             self.cross_bias = torch.full(shape, float("-inf"), dtype=like.dtype, device=self.device)
         for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):
             cache.load(slot, k, v)
-        lengths = [other.src_len for other in self.sentences]
-        self.cross_bias = source_bias(self.cross_bias, slot, sentence.src_len, lengths)
+        self.cross_bias = source_bias(self.cross_bias, slot, sentence.src_len, self.sentences)
         sentence.kv = []  # the cache holds them now
         start = torch.full((self.K,), float("-inf"), device=self.device)
         start[0] = 0.0

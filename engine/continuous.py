@@ -364,8 +364,7 @@ class _Rows:
         the host, from its start."""
         for cache, (k, v) in zip(self.caches, sentence.kv, strict=True):
             cache.load(row, k, v)
-        lengths = [other.src_len for other in self.sentences]
-        self.cross_bias = source_bias(self.cross_bias, row, sentence.src_len, lengths)
+        self.cross_bias = source_bias(self.cross_bias, row, sentence.src_len, self.sentences)
         sentence.kv = []  # the rows hold them now
         if row == len(self.sentences):
             self.sentences.append(sentence), self.positions.append(0), self.tokens.append([])
@@ -431,14 +430,14 @@ def slot_step(
     return SlotStep(torch.arange(n, device=device), pos, end, src_len, self_bias, step_cross)
 
 
-def source_bias(cross_bias: Tensor, slot: int, src_len: int, lengths: list[int]) -> Tensor:
+def source_bias(cross_bias: Tensor, slot: int, src_len: int, live: list[QueuedSentence]) -> Tensor:
     """The source masks (R, S_max) as 0 / -inf with slot `slot` taking a source of `src_len`
-    tokens: widened (`width`-rounded) when it is longer than any before, the live slots'
-    `lengths` kept. In place where no widening is needed."""
+    tokens: widened (`width`-rounded) when it is longer than any before, the `live` slots'
+    sources kept. In place where no widening is needed."""
     if src_len > cross_bias.size(1):
         cross_bias = resized(cross_bias, 1, width(src_len)).fill_(float("-inf"))
-        for s, length in enumerate(lengths):
-            cross_bias[s, :length] = 0.0
+        for s, sentence in enumerate(live):
+            cross_bias[s, : sentence.src_len] = 0.0
     cross_bias[slot].fill_(float("-inf"))
     cross_bias[slot, :src_len] = 0.0
     return cross_bias
