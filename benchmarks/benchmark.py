@@ -430,6 +430,7 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         "repeats": args.repeats, "torch": torch.__version__,
         "transformers": version("transformers"), "ctranslate2": version("ctranslate2"),
         "device_name": peers.cpu_model(), "platform": platform.platform(),
+        "code": peers.code_under_test(),
     }  # fmt: skip
     print(f"{', '.join(map(str, paths))}: {len(lines)} sentences of {args.src}, searched as "
           f"translate.py does (ours in {args.precision}, int8 in int8/fp32) "
@@ -437,7 +438,7 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
           + (f" ({inter} batches at once; transformers one at a time)" if inter > 1 else "")
           + f"; {args.repeats} interleaved repeats, ids in and out, each system in a process of "
           f"its own; CPU: {meta['device_name']}; torch {meta['torch']}, transformers "
-          f"{meta['transformers']}, ctranslate2 {meta['ctranslate2']}")  # fmt: skip
+          f"{meta['transformers']}, ctranslate2 {meta['ctranslate2']}; code: {meta['code']}")  # fmt: skip
     systems: dict[str, peers.Isolated] = {}
     meta["skipped"], src_ids, tokenizers = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:

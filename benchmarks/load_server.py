@@ -334,7 +334,9 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> int:
                     level = run_level(url, mode if len(beams) == 1 else f"{mode}, beam {beam}", n, sentences, refs[model, beam], options, args.per_request, args.max_seconds)  # fmt: skip
                     levels.append(level._replace(offline=speed))
                     print(table(levels[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(f"{len(sentences)} sentences per level, {args.per_request} per request, beam {args.beam}")
+    from benchmarks.peers import code_under_test
+
+    print(f"{len(sentences)} sentences per level, {args.per_request} per request, beam {args.beam}; code: {code_under_test()}")  # fmt: skip
     print(table(levels), end="")
     if args.offline:
         print("\nserver against offline translate.py (medians over rounds)\n" + versus_offline(levels), end="")  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -64,6 +65,20 @@ def cpu_model() -> str:
         import platform
 
         return platform.processor() or platform.machine()
+
+
+def code_under_test() -> str:
+    """The tree `attnmt` is imported from here, at its commit (`git describe --dirty`): an A/B of
+    two checkouts must print two trees (the editable install, PYTHONPATH and the working
+    directory decide which)."""
+    import attnmt.engine
+
+    root = Path(attnmt.engine.__file__).resolve().parent.parent
+    git = ["git", "-C", str(root), "describe", "--always", "--dirty"]
+    try:
+        return f"{root} at {subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()}"  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return f"{root} (not a git checkout)"
 
 
 def ours_system(

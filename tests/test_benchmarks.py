@@ -157,6 +157,27 @@ def test_real_mode_table_with_peers_and_ratios(
     rows = [line for line in out.splitlines() if line.startswith("| ") and "system" not in line]
     assert [row.split(" | ")[0][2:] for row in rows] == names
     assert all(row.count("x (") == 2 for row in rows[1:])  # ratio (min-max) per search
+    assert report["meta"]["code"] in out  # the tree timed and its commit, for A/Bs
+
+
+def test_the_code_under_test_names_its_tree_and_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from benchmarks import peers
+
+    root = Path(benchmark.ROOT)
+    where, _, commit = peers.code_under_test().partition(" at ")
+    assert Path(where) == root
+    if (root / ".git").exists():  # a checkout (CI's clone is one): the commit is HEAD's
+        git = ["git", "-C", str(root), "rev-parse", commit.removesuffix("-dirty"), "HEAD"]
+        named, head = subprocess.run(git, capture_output=True, text=True, check=True).stdout.split()
+        assert named == head
+
+    def no_git(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(peers.subprocess, "run", no_git)
+    assert peers.code_under_test() == f"{root} (not a git checkout)"
 
 
 def test_real_mode_bf16_and_the_unpacked_engine(

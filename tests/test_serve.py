@@ -334,6 +334,7 @@ def test_load_script_in_process_mode_loses_no_answer_and_sits_beside_offline(
         assert level["batches"] > 0  # the batcher's own count of model calls
     assert "server against offline translate.py" in done.stdout
     assert "| in-process | 3 | 6 |" in done.stdout  # a row per mode, beam and client count
+    assert f"code: {ROOT.resolve()} at " in done.stdout  # the tree it timed, for A/Bs
 
 
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir: Path) -> None:
