@@ -21,6 +21,7 @@ import logging
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -294,8 +295,13 @@ def run(args: argparse.Namespace) -> None:
     keys = KeyRing.from_file(args.api_keys, args.key_rate) if args.api_keys else None
     served: list[ServedModel] = []
     metrics_of: dict[str, Any] = {}  # model id -> the app's Metrics, once it exists
-    for model_id, path in specs:
-        model = serve_model(args, model_id, path, defaults, metrics_of)
+    # every model's process starts before the first is waited for: they load at once
+    starting = [
+        (model_id, serve_model(args, model_id, path, defaults, metrics_of))
+        for model_id, path in specs
+    ]
+    for model_id, loaded in starting:
+        model = loaded()
         model.glossary = glossaries.get(model_id)
         served.append(model)
     limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
@@ -346,10 +352,11 @@ def serve_model(
     path: str,
     defaults: Any,
     metrics_of: dict[str, Any],
-) -> Any:
-    """One model: its process (`server.worker.ModelProcess`: the model loaded there, its
-    batcher and model thread) and, here on the event loop, its tokenizer, for counting a
-    request's tokens and checking its terms before the request is sent."""
+) -> Callable[[], Any]:
+    """One model: its process started (`server.worker.ModelProcess`: the model loaded there,
+    its batcher and model thread), and `loaded()`, which waits for the model and returns it
+    served: with, here on the event loop, its tokenizer, for counting a request's tokens and
+    checking its terms before the request is sent."""
     from functools import partial
 
     from attnmt.data.languages import is_multilingual
@@ -363,16 +370,8 @@ def serve_model(
     record = partial(record_batch, metrics_of, model_id)
     multilingual = is_multilingual(sources, targets)
     job = (args, path, defaults, multilingual)
-    try:
-        batcher = ModelProcess(load_batcher, job, args.max_queue, record, name=f"model-{model_id}")
-    except StartError as e:
-        if e.user_error:
-            raise UserError(str(e)) from None
-        raise
-    defaults, precision, device = (
-        batcher.facts.pop(k) for k in ("defaults", "precision", "device")
-    )
-    info.update(batcher.facts, device=device, precision=precision, quantize=args.quantize)
+    name = f"model-{model_id}"
+    batcher = ModelProcess(load_batcher, job, args.max_queue, record, name=name, wait=False)
     tokenizer_for = pair_tokenizers(tokenizer, multilingual)
 
     def count_tokens(sentences: list[str]) -> int:
@@ -384,9 +383,20 @@ def serve_model(
         translator = Translator(None, tokenizer_for(langs), cfg, "cpu")  # tokenizing only
         translator.check_terms(sentences, glossary, prefixes)
 
-    served = ServedModel(model_id, sources, targets, batcher, count_tokens, info, defaults)
-    served.check_terms = check_terms  # on the event loop: tokenizing only, no model call
-    return served
+    def loaded() -> Any:
+        try:
+            facts = dict(batcher.wait())
+        except StartError as e:
+            if e.user_error:
+                raise UserError(str(e)) from None
+            raise
+        model_defaults, precision, device = (facts.pop(k) for k in ("defaults", "precision", "device"))  # fmt: skip
+        info.update(facts, device=device, precision=precision, quantize=args.quantize)
+        served = ServedModel(model_id, sources, targets, batcher, count_tokens, info, model_defaults)  # fmt: skip
+        served.check_terms = check_terms  # on the event loop: tokenizing only, no model call
+        return served
+
+    return loaded
 
 
 def pair_tokenizers(tokenizer: Any, multilingual: bool) -> Any:

@@ -53,7 +53,9 @@ class StartError(Exception):
 
 class ModelProcess:
     """The parent's side (see the module docstring). Blocks in `__init__` until the child has
-    loaded its model; `facts` is what `make_batcher` returned beside the batcher.
+    loaded its model; `facts` is what `make_batcher` returned beside the batcher. With
+    `wait=False` it returns once the child is started (several children load at once): call
+    `wait` before anything else.
 
     Raises:
         StartError: the child failed to load (its message).
@@ -66,6 +68,7 @@ class ModelProcess:
         max_queue: int,
         record: Callable[..., None] | None = None,
         name: str = "model",
+        wait: bool = True,
     ) -> None:
         context = multiprocessing.get_context("spawn")  # no forked torch threads or locks
         self._conn, child = context.Pipe()
@@ -83,9 +86,23 @@ class ModelProcess:
         self._ids = 0
         self._closing = False
         self.batches = 0  # the child's `Batcher.batches` at its last answer
-        self.facts = self._started()
-        self._reader = threading.Thread(target=self._read, name=f"{name}-replies", daemon=True)
-        self._reader.start()
+        self.name, self.facts = name, {}
+        self._reader: threading.Thread | None = None  # reads replies once the child is ready
+        if wait:
+            self.wait()
+
+    def wait(self) -> dict[str, Any]:
+        """Block until the child has loaded its model (at once after the first call); its
+        `facts`.
+
+        Raises:
+            StartError: the child failed to load (its message).
+        """
+        if self._reader is None:
+            self.facts = self._started()
+            self._reader = threading.Thread(target=self._read, name=f"{self.name}-replies", daemon=True)  # fmt: skip
+            self._reader.start()
+        return self.facts
 
     def _started(self) -> dict[str, Any]:
         try:
@@ -133,7 +150,8 @@ class ModelProcess:
             if not self._closing:
                 self._closing = True
                 self._conn.send(("close",))
-        self._reader.join()
+        if self._reader is not None:
+            self._reader.join()
         self._process.join()
 
     def _kill(self) -> None:

@@ -426,8 +426,12 @@ def test_startup_mistakes_are_one_line_errors(run_dir: Path, tmp_path: Path) -> 
         busy.listen()
         taken = run("-c", str(run_dir), "--port", str(busy.getsockname()[1]))
     bad_flag = run("-c", str(run_dir), "--max-queue", "0")
+    # the second is checked while the first model loads: that process goes too (it would keep
+    # stderr open, and `run` would time out)
+    second_missing = run("-c", str(run_dir), "-c", str(tmp_path / "nope"), "--port", str(free_port()))  # fmt: skip
     for done, words in [
         (missing, ["checkpoint not found", "-c"]),
+        (second_missing, ["checkpoint not found", "nope"]),
         (taken, ["cannot listen on 127.0.0.1", "--port"]),
         (bad_flag, ["--max-queue", "less than 1"]),
     ]:

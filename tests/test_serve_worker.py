@@ -1,7 +1,7 @@
 """The model's batcher in its own process (`server.worker.ModelProcess`): results, errors and
 metrics cross the pipe; a job cancelled while it waits never reaches the model; `close`
-answers every job; a load failure is one line; a dead model process fails its jobs and
-refuses new ones. The fake model runs in the child, so what it saw is written to a file."""
+answers every job; a load failure is one line; processes started without waiting load at
+once; a dead model process fails its jobs and refuses new ones. The fake model runs in the child, so what it saw is written to a file."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ def fake_batcher(record, log: str, fail: str = "") -> tuple[Batcher, dict]:  # n
         raise UserError("-c run: no such checkpoint; pass a run dir")
     if fail == "crash":
         raise RuntimeError("out of memory")
+    if fail.startswith("meet:"):  # "meet:DIR:ME:OTHER": loads only while OTHER loads too
+        folder, me, other = fail.split(":")[1:]
+        Path(folder, me).touch()
+        deadline = time.monotonic() + 60
+        while not Path(folder, other).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{me} loaded alone")
+            time.sleep(0.05)
 
     def translate(cfg, sentences, prefixes, langs, glossaries=None):  # noqa: ANN001, ANN202
         with open(log, "a", encoding="utf-8") as f:
@@ -93,6 +101,22 @@ def test_a_model_that_cannot_load_is_one_line(tmp_path: Path, fail: str, user_er
     assert raised.value.user_error is user_error
     expected = "-c run: no such checkpoint" if user_error else "RuntimeError: out of memory"
     assert str(raised.value).startswith(expected)
+
+
+def test_model_processes_started_without_waiting_load_at_once(tmp_path: Path) -> None:
+    """serve.py starts every model's process before it waits for the first: each fake model
+    here loads only once it sees the other loading (after 60 s alone it fails)."""
+    log = str(tmp_path / "calls")
+    a = ModelProcess(fake_batcher, (log, f"meet:{tmp_path}:a:b"), 4, wait=False)
+    b = ModelProcess(fake_batcher, (log, f"meet:{tmp_path}:b:a"), 4, wait=False)
+    assert a.wait()["pid"] != b.wait()["pid"]
+    assert a.wait() is a.facts  # once
+    done = b.submit(Job(GREEDY, ["x"]))
+    for worker in (a, b):
+        worker.close()
+    assert done.result() == [[("X", -1.0)]]
+    never_waited = ModelProcess(fake_batcher, (log,), 4, wait=False)
+    never_waited.close()  # a start abandoned (another model failed): closes, no hang
 
 
 def test_a_dead_model_process_fails_its_jobs_and_refuses_new_ones(tmp_path: Path) -> None:
