@@ -1,7 +1,8 @@
 """The model's batcher in its own process (`server.worker.ModelProcess`): results, errors and
 metrics cross the pipe; a job cancelled while it waits never reaches the model; `close`
 answers every job; a load failure is one line; processes started without waiting load at
-once; a dead model process fails its jobs and refuses new ones. The fake model runs in the child, so what it saw is written to a file."""
+once; a dead model process fails its jobs and refuses new ones. The fake model runs in the
+child, so what it saw is written to a file."""
 
 from __future__ import annotations
 
