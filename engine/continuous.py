@@ -35,7 +35,7 @@ from attnmt.decoding.search import (
     max_lengths,
     pick_tokens,
 )
-from attnmt.engine.cache import SlotCache, SlotStep, StepCache, resized, width
+from attnmt.engine.cache import SlotCache, SlotStep, StepCache, width
 from attnmt.model.attention import padding_mask
 from attnmt.model.config import ModelConfig
 
@@ -434,8 +434,8 @@ def source_bias(cross_bias: Tensor, slot: int, src_len: int, live: list[QueuedSe
     """The source masks (R, S_max) as 0 / -inf with slot `slot` taking a source of `src_len`
     tokens: widened (`width`-rounded) when it is longer than any before, the `live` slots'
     sources kept. In place where no widening is needed."""
-    if src_len > cross_bias.size(1):
-        cross_bias = resized(cross_bias, 1, width(src_len)).fill_(float("-inf"))
+    if src_len > cross_bias.size(1):  # rebuilt from the live sources: no copy of the old
+        cross_bias = cross_bias.new_full((cross_bias.size(0), width(src_len)), float("-inf"))
         for s, sentence in enumerate(live):
             cross_bias[s, : sentence.src_len] = 0.0
     cross_bias[slot].fill_(float("-inf"))
