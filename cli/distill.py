@@ -8,7 +8,8 @@ Several `--teacher`s translate as an ensemble (their log-probabilities averaged 
 `translate.py -c A -c B`); a run imported from Transformers (`scripts/import_hf.py`) is a
 teacher like any other. The languages are the teacher run's `data.src_lang`/`data.tgt_lang`
 unless `--src-lang`/`--tgt-lang` say otherwise (a multilingual imported teacher needs them).
-Killed and run again with the same flags, it resumes (`training.distill`).
+Killed and run again with the same flags, it resumes (`training.distill`). With `--nbest N`,
+each source gets its N best translations (N samples with `--sampling`) as N pairs.
 """
 
 from __future__ import annotations
@@ -69,9 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
         "teacher's: the student learns from both (docs/distillation.md)",
     )
     add("--threads", type=number(int, 1), metavar="N", help="torch CPU threads (default: torch's)")
-    add_search_flags(parser)  # --beam, ...: as translate.py, the first teacher run's by default
+    add_search_flags(parser, _NBEST_HELP)  # --beam, ...: the first teacher run's by default
     add_runtime_flags(parser)
     return parser
+
+
+# What --nbest does here (translate.py prints the hypotheses; this writes them as pairs).
+_NBEST_HELP = (
+    "; above 1, each source becomes that many pairs: train.<tgt> holds its N best "
+    "translations (N samples with --sampling), best first, and train.<src> repeats the source "
+    "N times (a source with fewer hypotheses, as an empty line, repeats its last)"
+)
 
 
 def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
@@ -121,16 +130,17 @@ def run(args: argparse.Namespace) -> None:
         "quantize": args.quantize,
     }
 
-    def translate(lines: list[str]) -> list[str]:
+    def translate(lines: list[str]) -> list[list[str]]:
         with runtime.autocast(translator.device.type, precision):
-            return translator.translate(lines)
+            found = translator.translate_nbest(lines)
+        return [[hyp.text for hyp in hyps] for hyps in found]
 
     def log(line: str) -> None:
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
     out = distill_corpus(
         translate, args.data_dir, args.out, src, tgt, settings, args.chunk_lines, log,
-        args.keep_original,
+        args.keep_original, cfg.nbest,
     )  # fmt: skip
     log(f"done: train.py data.dir={out} trains on the teacher's translations")
 

@@ -42,6 +42,13 @@ PROG = program_name("serve.py")
 STREAM_GATHER = 2
 
 
+# What --nbest does here (translate.py prints the hypotheses; the API returns them).
+_NBEST_HELP = (
+    "; above 1, a /translate answer adds 'nbest': each sentence's hypotheses with their scores "
+    "(LibreTranslate's route returns alternatives only when a request asks for them)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG,
@@ -63,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     add("--port", type=number(int, 0), default=8000, help="port; 0 = any free one (default: 8000)")
-    add_search_flags(parser)
+    add_search_flags(parser, _NBEST_HELP)
     add(
         "--glossary",
         action="append",

@@ -68,13 +68,15 @@ class _Given(argparse.Action):
         namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
 
 
-def add_search_flags(parser: argparse.ArgumentParser) -> None:
+def add_search_flags(parser: argparse.ArgumentParser, nbest_help: str | None = None) -> None:
     """One flag per `SearchConfig` field (dest = the field name), with its default and help.
-    A flag left out takes the run's recorded value (`run_decoding`), else this default."""
+    A flag left out takes the run's recorded value (`run_decoding`), else this default.
+    `nbest_help`: what --nbest's help adds, for a command that does other than print them."""
     types = get_type_hints(SearchConfig)
     flags = {f.name: _flag(f) for f in fields(SearchConfig)}
+    added = {**_CLI_HELP, **({"nbest": nbest_help} if nbest_help is not None else {})}
     for f in fields(SearchConfig):
-        text = f.metadata["help"] + _CLI_HELP.get(f.name, "")
+        text = f.metadata["help"] + added.get(f.name, "")
         for name, flag in flags.items():  # help names other options by field name
             if name != f.name or "_" in name:  # "random seed" in --seed's help, not "--seed"
                 text = re.sub(rf"(?<![\w-]){name}(?![\w-])", flag, text)

@@ -123,6 +123,34 @@ def test_keep_original_puts_the_corpus_pairs_after_the_teachers_also_when_killed
         distill_corpus(reverse_words, data, out, "de", "en", SETTINGS, 5, print, True)
 
 
+def two_best(lines: list[str]) -> list[list[str]]:
+    """Two hypotheses a line (the reversed words, then the words as they are); one for an
+    empty line, as the search gives."""
+    return [[" ".join(reversed(x.split())), x] if x else [""] for x in lines]
+
+
+def test_nbest_makes_each_source_n_pairs_also_with_the_original_pairs(tmp_path: Path) -> None:
+    data = corpus(tmp_path / "data", 12)
+    (data / "train.de").write_text((data / "train.de").read_text() + "\n")  # and an empty line
+    (data / "train.en").write_text((data / "train.en").read_text() + "empty\n")
+    sources = (data / "train.de").read_text().splitlines()
+    out = distill_corpus(two_best, data, tmp_path / "out", "de", "en", SETTINGS, 5, nbest=2)
+    pairs = [hyp for hyps in two_best(sources) for hyp in (hyps * 2)[:2]]
+    assert (out / "train.de").read_text().splitlines() == [s for s in sources for _ in "12"]
+    assert (out / "train.en").read_text().splitlines() == pairs
+    assert json.loads((out / "distill.json").read_text())["pairs_per_source"] == 2
+    kept = distill_corpus(
+        two_best, data, tmp_path / "kept", "de", "en", SETTINGS, 5, print, True, nbest=2
+    )
+    originals = (data / "train.en").read_text().splitlines()
+    assert (kept / "train.de").read_text().splitlines() == [
+        s for s in sources for _ in "12"
+    ] + sources
+    assert (kept / "train.en").read_text().splitlines() == pairs + originals
+    with pytest.raises(UserError, match="already distilled with other settings"):
+        distill_corpus(two_best, data, out, "de", "en", SETTINGS, 5)  # not silently 1-best
+
+
 def test_other_settings_and_bad_folders_are_one_line(tmp_path: Path) -> None:
     data = corpus(tmp_path / "data", 12)
 
@@ -189,6 +217,39 @@ def test_the_script_translates_like_translate_py_and_resumes_after_sigkill(
     ).stdout
     assert (tmp_path / "out" / "train.en").read_text() == expected
     assert "ETA" in err and "lines/s" in err
+
+
+def test_the_script_writes_the_nbest_of_translate_py_as_pairs(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    """--nbest 2: two pairs a source, train.en the hypotheses translate.py --nbest 2 prints,
+    best first; where the beam's two differ, so do the two lines."""
+    data = corpus(tmp_path / "data", 12)
+    flags = ["--teacher", str(checkpoint), "--data-dir", str(data), "--out", str(tmp_path / "o")]
+    flags += ["--src-lang", "de", "--tgt-lang", "en", "--beam", "3", "--device", "cpu"]
+    proc = distill(*flags, "--nbest", "2")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "translate.py"), "-c", str(checkpoint), "--nbest", "2"]
+        + ["--beam", "3", "--device", "cpu", "--input", str(data / "train.de")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+    expected = [line.split(" ||| ")[1] for line in printed]  # INDEX ||| TEXT ||| SCORE
+    sources = (data / "train.de").read_text().splitlines()
+    assert len(expected) == 2 * len(sources)
+    assert (tmp_path / "o" / "train.en").read_text().splitlines() == expected
+    assert (tmp_path / "o" / "train.de").read_text().splitlines() == [
+        s for s in sources for _ in "12"
+    ]
+    assert any(a != b for a, b in zip(expected[::2], expected[1::2], strict=True))
+    settings = json.loads((tmp_path / "o" / "distill.json").read_text())
+    assert settings["pairs_per_source"] == 2 and settings["search"]["nbest"] == 2
 
 
 def _model_and_tokenizer(path: Path) -> tuple:

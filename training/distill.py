@@ -6,7 +6,11 @@ copied as given, `train.<tgt>` the teacher's translations (line i translates lin
 other file (the valid and test splits, other languages) copied. `train.py data.dir=OUT` trains
 on it like on any local corpus. With `keep_original`, the corpus's own pairs follow the
 teacher's in `train.<src>` and `train.<tgt>` (line n + i is the original pair i), so the
-student learns from both (docs/distillation.md#measured-multi30k-en-de).
+student learns from both (docs/distillation.md#measured-multi30k-en-de). With `nbest` N above
+1, each source has N pairs (its N-best translations, best first, as extra pairs): `train.<tgt>`
+holds N lines a source and `train.<src>` repeats each source N times, so line k of one still
+translates line k of the other; a source the search gives fewer hypotheses (an empty line gets
+one) repeats its last one to N.
 
 It resumes: the sources are translated in chunks of `chunk_lines` lines, each appended to
 `OUT/.distill/train.<tgt>` and then recorded (lines and bytes done) in `OUT/.distill/state.json`,
@@ -22,7 +26,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ from attnmt.common.errors import UserError
 from attnmt.common.files import atomic_write
 from attnmt.data.dataset import iter_corpus_lines
 
+# A source's translation, or its hypotheses best first (with `nbest` above 1).
+Translations = Sequence[str | Sequence[str]]
 STATE_DIR = ".distill"  # OUT's work folder while a distillation is unfinished
 SETTINGS_FILE = "distill.json"  # what made the corpus, beside it in OUT once done
 
@@ -92,8 +98,20 @@ def _load_state(work: Path, settings: dict[str, Any], out: Path) -> dict[str, An
     return state
 
 
+def _target_lines(translations: Translations, nbest: int) -> str:
+    """The target file's text for a chunk's translations: `nbest` lines a source, its
+    hypotheses in order, the last repeated where it has fewer."""
+    lines = []
+    for found in translations:
+        hyps = [found] if isinstance(found, str) else list(found)
+        if not hyps or len(hyps) > nbest:
+            raise ValueError(f"a source has {len(hyps)} translations, not 1 to {nbest}")
+        lines += hyps + hyps[-1:] * (nbest - len(hyps))
+    return "".join(line + "\n" for line in lines)
+
+
 def distill_corpus(
-    translate: Callable[[list[str]], list[str]],
+    translate: Callable[[list[str]], Translations],
     data_dir: str | Path,
     out_dir: str | Path,
     src: str,
@@ -102,10 +120,13 @@ def distill_corpus(
     chunk_lines: int = 10_000,
     log: Callable[[str], None] = print,
     keep_original: bool = False,
+    nbest: int = 1,
 ) -> Path:
     """Translate `data_dir/train.<src>` with `translate` into `out_dir/train.<tgt>`, copy the
     rest of `data_dir` into `out_dir`, and return `out_dir`'s path.
 
+    `translate` gives each line's translation, or with `nbest` above 1 its hypotheses (up to
+    `nbest`, best first): each becomes a pair of its own (the module's docstring).
     `settings` (teachers, search, languages: JSON values) is what made the translations; a run
     that finds an unfinished or finished one with other settings in `out_dir` stops with a
     `UserError`, and a finished one with the same settings is left as it is.
@@ -117,6 +138,8 @@ def distill_corpus(
     settings = {**settings, "chunk_lines": chunk_lines, "source": str(src_file.resolve())}
     if keep_original:  # a key only when set: the settings of runs before it stay equal
         settings["keep_original"] = str(corpus_file(data, "train", tgt).resolve())
+    if nbest > 1:  # likewise
+        settings["pairs_per_source"] = nbest
     if (out / SETTINGS_FILE).exists() and (out / f"train.{tgt}").exists():
         if json.loads((out / SETTINGS_FILE).read_text()) != settings:
             raise UserError(
@@ -139,7 +162,10 @@ def distill_corpus(
         log(f"resuming: {state['lines']:,} of {len(sources):,} lines were distilled before")
     progress = Progress(len(sources), state["lines"], log)
     for done, chunk in _chunks(sources, state["lines"], chunk_lines):
-        text = "".join(line + "\n" for line in translate(chunk)).encode("utf-8")
+        translations = translate(chunk)
+        if len(translations) != len(chunk):
+            raise ValueError(f"{len(chunk)} lines got {len(translations)} translations")
+        text = _target_lines(translations, nbest).encode("utf-8")
         with open(partial, "ab") as f:
             f.write(text)
             f.flush()
@@ -154,15 +180,20 @@ def distill_corpus(
 
 def _finish(data: Path, out: Path, partial: Path, pair: tuple[str, str], settings: dict) -> None:
     """Copy the corpus around the translations into `out` (the sources as given), then the
-    translations (after the original sources, and followed by the original targets, with
+    translations (each source repeated once per hypothesis with `pairs_per_source`; after
+    them the original sources, and the original targets after the translations, with
     `keep_original`), each written whole in the work folder and moved in, then say what made
     them (`distill.json`, last: its presence means the folder is complete). `partial` stays
     until the work folder goes, so a run killed here redoes this from it."""
     src, tgt = pair
-    parts = {tgt: [partial]}
+    original = corpus_file(data, "train", src)
+    repeat = settings.get("pairs_per_source", 1)  # each source, once per hypothesis
+    parts = {tgt: [(partial, 1)]}
+    if repeat > 1:
+        parts[src] = [(original, repeat)]
     if "keep_original" in settings:
-        original = corpus_file(data, "train", src)
-        parts = {src: [original, original], tgt: [partial, Path(settings["keep_original"])]}
+        parts[src] = [(original, repeat), (original, 1)]
+        parts[tgt] = [(partial, 1), (Path(settings["keep_original"]), 1)]
     written = {f"train.{lang}{gz}" for lang in parts for gz in ("", ".gz")}
     for item in sorted(data.iterdir()):
         if item.is_file() and item.name not in written:
@@ -170,7 +201,7 @@ def _finish(data: Path, out: Path, partial: Path, pair: tuple[str, str], setting
     for lang, files in parts.items():
         whole = partial.with_name(f"whole.{lang}")
         with open(whole, "w", encoding="utf-8", newline="\n") as f:
-            for path in files:
-                f.writelines(line + "\n" for line in iter_corpus_lines(path))
+            for path, times in files:
+                f.writelines((line + "\n") * times for line in iter_corpus_lines(path))
         os.replace(whole, out / f"train.{lang}")
     atomic_write(out / SETTINGS_FILE, json.dumps(settings, indent=1) + "\n")
