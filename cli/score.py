@@ -23,7 +23,9 @@ PROG = program_name("score.py")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    # the docstring's first paragraph, whole: its first line alone stops mid-sentence
+    summary = " ".join(__doc__.split("\n\n")[0].split())
+    parser = Parser(prog=PROG, description=summary)
     add = parser.add_argument
     add("--hyp", required=True, metavar="FILE", help="translations, one per line (UTF-8)")
     add("--ref", required=True, metavar="FILE", help="references, line-aligned with --hyp")
