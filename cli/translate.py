@@ -274,20 +274,21 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_language_flags(parser: argparse.ArgumentParser) -> None:
-    """The languages of a multilingual imported model: --src-lang, --tgt-lang."""
+    """The language pair: --src-lang, --tgt-lang (`language_pair`)."""
     add = parser.add_argument
     add(
         "--src-lang",
         metavar="CODE",
-        help="source language of a multilingual imported model: ISO 639-1 (en), ISO 639-3 "
-        "(eng), BCP-47 (en-US) or its own code (NLLB: eng_Latn); see docs/importing.md",
+        help="source language: ISO 639-1 (en), ISO 639-3 (eng), BCP-47 (en-US) or the model's "
+        "own code (NLLB: eng_Latn); one of the model's languages (a bilingual model's is "
+        "checked, a multilingual imported model's is chosen; see docs/translating.md)",
     )
     add(
         "--tgt-lang",
         metavar="CODE",
-        help="target language of a multilingual imported model, in any of those forms (de, "
-        "deu, de-DE; NLLB: deu_Latn; OPUS-MT: deu for >>deu<<): its language token is forced "
-        "and not printed",
+        help="target language, in any of those forms (de, deu, de-DE; NLLB: deu_Latn; OPUS-MT: "
+        "deu for >>deu<<); a multilingual imported model's language token is forced and not "
+        "printed",
     )
 
 
@@ -464,7 +465,7 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     from attnmt.decoding.translator import Translator
 
     model, tokenizer, device = load_model(args, args.checkpoint)
-    tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
+    tokenizer = tokenizer.for_languages(*language_pair(args, tokenizer.languages))
     if args.tag is not None and args.tag not in tokenizer.tags:
         known = ", ".join(tokenizer.tags) or "none"
         raise UserError(f"--tag {args.tag} is not one of this model's tags ({known}); drop it")
@@ -473,6 +474,42 @@ def load_translator(args: argparse.Namespace, cfg: SearchConfig) -> Translator:
     if recorded:
         print(f"{PROG}: decoding: {describe_decoding(cfg, args.precision)}", file=sys.stderr)
     return Translator(model, tokenizer, cfg, device, args.inter_threads)
+
+
+def language_pair(args: argparse.Namespace, tokens: list[str]) -> tuple[str | None, str | None]:
+    """--src-lang/--tgt-lang for `Tokenizer.for_languages`: each checked against the (first)
+    checkpoint's languages by the server's rule (`data.languages.match_pair`: any form of the
+    model's own codes), in the model's own codes; for a model without language tokens
+    (`tokens`: none), dropped once checked, since its one pair needs no telling. A model that
+    names no languages gets them as given (the tokenizer refuses them)."""
+    from attnmt.data.languages import LanguageError, match_pair
+
+    if args.src_lang is None and args.tgt_lang is None:
+        return None, None
+    sources, targets = checkpoint_languages(args.checkpoint[0])
+    try:
+        pair = match_pair(args.src_lang, args.tgt_lang, sources, targets)
+    except LanguageError as e:
+        flag = "--src-lang" if e.side == "source" else "--tgt-lang"
+        raise UserError(
+            f"{flag}: {e}; give one of its languages (any form) or drop {flag}"
+        ) from None
+    if not tokens and (sources or targets):
+        return None, None
+    return pair
+
+
+def checkpoint_languages(checkpoint: str) -> tuple[list[str], list[str]]:
+    """(source codes, target codes) a checkpoint (file or run dir) names, in its own codes
+    (`data.languages.model_languages`)."""
+    import torch
+
+    from attnmt.checkpoint import resolve_checkpoint
+    from attnmt.data.languages import model_languages
+
+    # load_engine checked the file; mmap reads only the entries looked at
+    path = resolve_checkpoint(checkpoint)
+    return model_languages(torch.load(path, mmap=True, weights_only=True))
 
 
 def run_decoding(
@@ -678,16 +715,11 @@ def translate_split(
 def split_language(args: argparse.Namespace) -> str:
     """The ISO 639-1 code whose rules --split-sentences uses: --src-lang's, else the source
     language the (first) checkpoint records; English, with a warning, when neither is known."""
-    import torch
-
-    from attnmt.checkpoint import resolve_checkpoint
-    from attnmt.data.languages import model_languages
     from attnmt.data.sentences import splitting_language
 
     code = args.src_lang
-    if code is None:  # load_engine checked the file; mmap reads only the entries looked at
-        path = resolve_checkpoint(args.checkpoint[0])
-        sources, _ = model_languages(torch.load(path, mmap=True, weights_only=True))
+    if code is None:
+        sources, _ = checkpoint_languages(args.checkpoint[0])
         code = sources[0] if len(sources) == 1 else None
     lang, warning = splitting_language(code)
     if warning:

@@ -146,6 +146,49 @@ def model_languages(ckpt: dict[str, Any]) -> tuple[list[str], list[str]]:
     return ([str(src)] if src else []), ([str(tgt)] if tgt else [])
 
 
+class LanguageError(ValueError):
+    """A code that names none of a model's languages of its side (`side`: "source" or
+    "target"); the message names the model's pair."""
+
+    def __init__(self, message: str, side: str) -> None:
+        super().__init__(message)
+        self.side = side
+
+
+def describe_pair(sources: list[str], targets: list[str], limit: int = 8) -> str:
+    """A model's pair for a one-line message: `en -> de`, `eng_Latn (en), ... -> ...`."""
+    return f"{describe_codes(sources, limit) or '?'} -> {describe_codes(targets, limit) or '?'}"
+
+
+def match_pair(
+    src: str | None, tgt: str | None, sources: list[str], targets: list[str]
+) -> tuple[str | None, str | None]:
+    """The model's own codes for the pair a user names (None where none is named): the one
+    rule of translate.py's --src-lang/--tgt-lang and the server's source/target. A code in
+    any form of one of the model's languages of its side names it (`resolve`: `en`, `eng`,
+    `en-US`, `eng_Latn` for a model of `en`), whether or not the model has language tokens: a
+    model trained here knows its pair from its run's `data.src_lang`/`data.tgt_lang`. A side
+    whose model names no language takes a code as it is (there is nothing to check it by).
+
+    Raises:
+        LanguageError: a code naming none of its side's languages; the message names the
+            model's pair.
+    """
+    found = []
+    for code, codes, side in ((src, sources, "source"), (tgt, targets, "target")):
+        own = code if code is None or not codes else resolve(code, codes)
+        if own is None and code is not None:
+            named = language_name(code)
+            what = f"{code!r}" + (f" ({named})" if named != code else "")
+            raise LanguageError(
+                f"this model has no {side} language {what}; it translates "
+                f"{describe_pair(sources, targets)}",
+                side,
+            )
+        found.append(own)
+    return found[0], found[1]
+
+
 def is_multilingual(sources: list[str], targets: list[str]) -> bool:
     """Whether the model must be told the pair to translate (`Translator` methods'
     `src_lang=`/`tgt_lang=`): it has more than one source or target language."""

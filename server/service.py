@@ -10,7 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from attnmt.data.languages import describe_codes, is_multilingual, listed_codes, resolve
+from attnmt.data.languages import (
+    LanguageError,
+    is_multilingual,
+    listed_codes,
+    match_pair,
+    resolve,
+)
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.glossary import Glossary
 from attnmt.server.batcher import JobQueue
@@ -101,15 +107,10 @@ class Service:
             model = next((m for m in self.models if m.id == model_id), None)
             if model is None:
                 raise RoutingError(f"unknown model {model_id!r}{served}")
-            for code, codes, side in (
-                (src, model.sources, "source"),
-                (tgt, model.targets, "target"),
-            ):
-                if code is not None and codes and resolve(code, codes) is None:
-                    raise RoutingError(
-                        f"model {model_id!r} has no {side} language {code!r}; it has "
-                        f"{describe_codes(codes)}{served}"
-                    )
+            try:  # translate.py's rule for --src-lang/--tgt-lang too
+                match_pair(src, tgt, model.sources, model.targets)
+            except LanguageError as e:
+                raise RoutingError(f"model {model_id!r}: {e}{served}") from None
         elif src is None and tgt is None:
             model = self.models[0]
         else:

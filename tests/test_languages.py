@@ -196,7 +196,8 @@ def test_a_code_no_model_has_names_the_served_codes(server: str) -> None:
     assert status == 422 and "languages: en, de, fr" in answer["error"], answer
     body = {"sentences": ["A man."], "model": "nllb", "tgt_lang": "it"}
     status, answer = post(server, "/translate", body)
-    assert status == 422 and "has eng_Latn (en), deu_Latn (de), fra_Latn (fr)" in answer["error"]
+    assert status == 422 and "no target language 'it' (Italian)" in answer["error"]
+    assert "translates eng_Latn (en), deu_Latn (de), fra_Latn (fr) -> " in answer["error"]
     assert post(server, "/translate", {"sentences": ["A man."]})[0] == 200  # still serving
 
 
