@@ -84,15 +84,21 @@ _NBEST_HELP = (
 
 
 def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
-    """(source, target) from the flags, else from the first teacher's training config."""
-    if args.src_lang and args.tgt_lang:
-        return args.src_lang, args.tgt_lang
+    """(source, target) from the flags, else from the first teacher's training config. Flags
+    must name the teacher's languages (any form; translate.py's rule, `check_language_flags`):
+    they are the corpus files' suffixes, and another language's would be translated by a
+    model that does not know it."""
     import torch
 
     from attnmt.checkpoint import resolve_checkpoint
+    from attnmt.cli.translate import check_language_flags
+    from attnmt.data.languages import model_languages
 
     # load_engine checks the file; mmap reads only the entries looked at
     stored = torch.load(resolve_checkpoint(args.teacher[0]), mmap=True, weights_only=True)
+    check_language_flags(args, *model_languages(stored))
+    if args.src_lang and args.tgt_lang:
+        return args.src_lang, args.tgt_lang
     config = stored.get("config") or {}
     data = config.get("data") or {}
     src, tgt = args.src_lang or data.get("src_lang"), args.tgt_lang or data.get("tgt_lang")

@@ -482,21 +482,29 @@ def language_pair(args: argparse.Namespace, tokens: list[str]) -> tuple[str | No
     model's own codes), in the model's own codes; for a model without language tokens
     (`tokens`: none), dropped once checked, since its one pair needs no telling. A model that
     names no languages gets them as given (the tokenizer refuses them)."""
-    from attnmt.data.languages import LanguageError, match_pair
-
     if args.src_lang is None and args.tgt_lang is None:
         return None, None
     sources, targets = checkpoint_languages(args.checkpoint[0])
+    pair = check_language_flags(args, sources, targets)
+    if not tokens and (sources or targets):
+        return None, None
+    return pair
+
+
+def check_language_flags(
+    args: argparse.Namespace, sources: list[str], targets: list[str]
+) -> tuple[str | None, str | None]:
+    """--src-lang/--tgt-lang in the model's own codes (`data.languages.match_pair`); a code
+    that is none of the model's languages is a `UserError` naming the flag and the pair."""
+    from attnmt.data.languages import LanguageError, match_pair
+
     try:
-        pair = match_pair(args.src_lang, args.tgt_lang, sources, targets)
+        return match_pair(args.src_lang, args.tgt_lang, sources, targets)
     except LanguageError as e:
         flag = "--src-lang" if e.side == "source" else "--tgt-lang"
         raise UserError(
             f"{flag}: {e}; give one of its languages (any form) or drop {flag}"
         ) from None
-    if not tokens and (sources or targets):
-        return None, None
-    return pair
 
 
 def checkpoint_languages(checkpoint: str) -> tuple[list[str], list[str]]:

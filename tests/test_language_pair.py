@@ -102,3 +102,29 @@ def test_translate_py_takes_the_models_languages_in_any_form(en_de_run: Path) ->
         "translate.py: error: --tgt-lang: this model has no target language 'fra' (French); it "
         "translates en -> de; give one of its languages (any form) or drop --tgt-lang"
     ]
+
+
+def test_distill_py_refuses_a_pair_that_is_not_its_teachers(
+    en_de_run: Path, tmp_path: Path
+) -> None:
+    """The flags name the corpus files; a teacher would translate another language blindly."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang in ("fr", "de"):
+        (data / f"train.{lang}").write_text("un homme .\n")
+    flags = ["--teacher", str(en_de_run), "--data-dir", str(data), "--out", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "distill.py"), *flags, "--device", "cpu"]
+        + ["--src-lang", "fr", "--tgt-lang", "de"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines() == [
+        "distill.py: error: --src-lang: this model has no source language 'fr' (French); it "
+        "translates en -> de; give one of its languages (any form) or drop --src-lang"
+    ]
+    assert not (tmp_path / "o").exists()
