@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run-dir", type=Path, help="run dir whose checkpoints/step_*.pt to use")
     source.add_argument("--inputs", type=Path, nargs="+", help="checkpoint files to average")
-    parser.add_argument("--last", type=int, default=5, help="with --run-dir: newest K (default 5)")
+    parser.add_argument("--last", type=int, help="with --run-dir: newest K (default 5)")
     parser.add_argument("--output", type=Path, required=True, help="where to write the average")
     return parser
 
@@ -104,13 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.last < 1:
-            raise CheckpointError(f"--last must be at least 1, got {args.last}")
+        if args.last is not None and args.inputs:  # averaging every file given, it is unused
+            raise CheckpointError(
+                "--last counts a run dir's checkpoints; --inputs averages every file given: "
+                "drop --last"
+            )
+        last = 5 if args.last is None else args.last
+        if last < 1:
+            raise CheckpointError(f"--last must be at least 1, got {last}")
         if not args.output.parent.is_dir():
             raise CheckpointError(
                 f"--output directory {args.output.parent} does not exist; create it first"
             )
-        paths = args.inputs or last_step_checkpoints(args.run_dir, args.last)
+        paths = args.inputs or last_step_checkpoints(args.run_dir, last)
         save_checkpoint(args.output, average_checkpoints(paths))
     except CheckpointError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

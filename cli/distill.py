@@ -111,7 +111,12 @@ def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from attnmt.cli.translate import load_model, run_decoding, search_config
+    from attnmt.cli.translate import (
+        check_sampling_flags,
+        load_model,
+        run_decoding,
+        search_config,
+    )
     from attnmt.common import runtime
     from attnmt.decoding.translator import Translator
     from attnmt.training.distill import distill_corpus
@@ -121,6 +126,7 @@ def run(args: argparse.Namespace) -> None:
 
         torch.set_num_threads(args.threads)
     flags = search_config(args)
+    check_sampling_flags(args)
     model, tokenizer, device = load_model(args, args.teacher)
     src, tgt = teacher_languages(args)
     cfg, precision, _ = run_decoding(args, flags, args.teacher[0], device, PROG)

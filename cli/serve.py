@@ -102,7 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--key-rate",
         type=number(float, 0.001),
-        default=60.0,
         metavar="N",
         help="requests per minute of a key whose line names no cap (default: 60)",
     )
@@ -284,6 +283,8 @@ def run(args: argparse.Namespace) -> None:
             f"--beam {defaults.beam_size} is above --max-beam {args.max_beam}; lower --beam "
             "or raise --max-beam"
         )
+    if args.key_rate is not None and not args.api_keys:
+        raise UserError("--key-rate caps the keys of --api-keys FILE: add --api-keys or drop it")
     if args.glossary and args.sampling:
         raise UserError(
             "--glossary constrains beam or greedy search: drop --sampling or --glossary"
@@ -299,7 +300,8 @@ def run(args: argparse.Namespace) -> None:
     from attnmt.server.keys import KeyRing
     from attnmt.server.service import Limits, ServedModel, Service
 
-    keys = KeyRing.from_file(args.api_keys, args.key_rate) if args.api_keys else None
+    rate = 60.0 if args.key_rate is None else args.key_rate
+    keys = KeyRing.from_file(args.api_keys, rate) if args.api_keys else None
     served: list[ServedModel] = []
     metrics_of: dict[str, Any] = {}  # model id -> the app's Metrics, once it exists
     # every model's process starts before the first is waited for: they load at once

@@ -309,7 +309,9 @@ def search_config(args: argparse.Namespace) -> SearchConfig:
 
 
 def check_combinations(args: argparse.Namespace) -> None:
-    """Flags that cannot go together, before anything is read or loaded."""
+    """Flags that cannot go together, before anything is read or loaded: none is taken and
+    then left unused."""
+    typed = getattr(args, "given", frozenset())  # the search flags typed, not defaulted
     if args.score is not None:
         for flag, given in (
             ("--sampling", args.sampling),
@@ -318,11 +320,17 @@ def check_combinations(args: argparse.Namespace) -> None:
             ("--ref", args.ref is not None),
             ("--print-alignment", args.print_alignment),
             ("--nbest", args.nbest > 1),
+            ("--beam", "beam_size" in typed),  # no search: --beam and the output budget
+            ("--max-len-a", "max_len_a" in typed),  # mean nothing to a given translation
+            ("--max-len-b", "max_len_b" in typed),
+            ("--inter-threads", args.inter_threads > 1),
+            ("--plot-attention", args.plot_attention is not None),
         ):
             if given:
                 raise UserError(f"--score scores given translations: drop {flag}")
     elif args.token_scores:
         raise UserError("--token-scores goes with --score FILE; add --score or drop it")
+    check_sampling_flags(args)
     if args.prefix is not None and args.tab_prefix:
         raise UserError("--prefix FILE and --tab-prefix both give prefixes; keep one")
     if args.glossary is not None and (args.sampling or args.score is not None):
@@ -343,6 +351,12 @@ def check_combinations(args: argparse.Namespace) -> None:
                     f"--split-sentences translates each sentence of a line on its own, which "
                     f"{flag} (per line) does not fit; drop {flag} or --split-sentences"
                 )
+
+
+def check_sampling_flags(args: argparse.Namespace) -> None:
+    """--sampling draws instead of searching: a --beam typed beside it would be unused."""
+    if args.sampling and "beam_size" in getattr(args, "given", frozenset()):
+        raise UserError("--sampling draws each token instead of a beam search: drop --beam")
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -435,7 +449,7 @@ def run(args: argparse.Namespace) -> None:
             with output as out, runtime_precision(args, translator):
                 if args.score:
                     assert side is not None
-                    done = score_input(translator, source, out, side, args.token_scores)
+                    done = score_input(translator, source, out, side, args.token_scores, args.tag)
                 else:
                     job = Job(
                         nbest=translator.search_cfg.nbest,
@@ -772,11 +786,14 @@ def score_input(
     out: BinaryIO,
     translations: AlignedLines,
     per_token: bool,
+    tag: str | None = None,
 ) -> Translated:
-    """Score `translations` of `source` a batch at a time (`--score`), writing as it goes."""
+    """Score `translations` of `source` a batch at a time (`--score`), writing as it goes;
+    `tag` (--tag) starts each non-empty source, as when translating."""
     done = 0
     for lines in source.batches():
-        scores = translator.score(lines, translations.take(len(lines)))
+        tagged = [f"{tag} {x}" if tag and x.strip() else x for x in lines]
+        scores = translator.score(tagged, translations.take(len(lines)))
         out.write(format_scores(scores, per_token).encode("utf-8"))
         out.flush()
         done += len(lines)

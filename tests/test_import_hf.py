@@ -514,8 +514,7 @@ def test_translate_py_languages_and_errors(
     src = hyps.parent / "src.en"
     src.write_text("".join(line + "\n" for line in EN[:3]), encoding="utf-8")
     scored = subprocess.run(
-        [sys.executable, str(TRANSLATE), *flags, "--beam", "2", "--input", str(src),
-         "--score", str(hyps)],
+        [sys.executable, str(TRANSLATE), *flags, "--input", str(src), "--score", str(hyps)],
         capture_output=True, text=True, cwd=ROOT, env=env,
     )  # fmt: skip
     assert scored.returncode == 0, scored.stderr
