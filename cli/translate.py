@@ -312,6 +312,10 @@ def check_combinations(args: argparse.Namespace) -> None:
     """Flags that cannot go together, before anything is read or loaded: none is taken and
     then left unused."""
     typed = getattr(args, "given", frozenset())  # the search flags typed, not defaulted
+    if args.sentences and args.input is not None:  # open_input reads one of them only
+        raise UserError(
+            "sentences on the command line and --input FILE both give the input: keep one"
+        )
     if args.score is not None:
         for flag, given in (
             ("--sampling", args.sampling),

@@ -102,3 +102,13 @@ def test_serve_refuses_a_key_rate_without_keys(
     monkeypatch.setattr(serve, "bind", bind)
     assert serve.main(["-c", str(checkpoint), "--port", "0", "--key-rate", "5"]) != 0
     assert "--key-rate caps the keys of --api-keys FILE" in one_error(capsys, "serve.py")
+
+
+def test_sentences_and_input_are_not_both_taken(
+    capsys: pytest.CaptureFixture[str], checkpoint: Path, tmp_path: Path
+) -> None:
+    """Positional sentences won and --input FILE was never read."""
+    source = tmp_path / "src.de"
+    source.write_text("ein Mann\n")
+    assert translate.main(["-c", str(checkpoint), "--input", str(source), "ein Hund"]) == 1
+    assert "both give the input: keep one" in one_error(capsys, "translate.py")
