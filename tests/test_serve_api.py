@@ -196,6 +196,13 @@ def test_libretranslate_html_keeps_the_markup(server: str, runs: dict[str, Path]
     )
 
 
+def test_extreme_sampling_values_the_schema_accepts_answer_200(server: str) -> None:
+    for options in ({"temperature": 1e-300}, {"topp": 1e-300}, {"temperature": 1e300}):
+        body = {"sentences": SOURCES[:2], "sampling": True, "nbest": 2, **options}
+        status, answer = post(server, "/translate", body)
+        assert status == 200 and len(answer["translations"]) == 2, answer
+
+
 def form(url: str, fields: list[tuple[str, str]], multipart: bool = False) -> tuple[int, Any]:
     if multipart:
         boundary = "XyZ123"
