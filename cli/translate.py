@@ -442,6 +442,7 @@ def run(args: argparse.Namespace) -> None:
     side_flag, side_path = ("--score", args.score) if args.score else ("--prefix", args.prefix)
     glossary = None if args.glossary is None else Glossary.from_file(args.glossary)
     with open_input(sentences, args.input, args.buffer_size) as source:
+        source.keep_cr = bool(args.split_sentences)  # it writes "\r\n" lines back as such
         progress = not source.interactive and not sentences and sys.stderr.isatty()
         counted = refs is not None or progress or side_path is not None
         n_lines = source.count_lines() if counted else None
@@ -725,15 +726,17 @@ def translate_split(
     translator: Translator, batch: list[str], job: Job, out: BinaryIO
 ) -> tuple[list[str], str | None]:
     """--split-sentences: every sentence of `batch`'s lines translated in one batch, each line
-    rejoined with its own spacing and written; (the translated lines, the first sentence)."""
+    rejoined with its own spacing and written with its own line end ("\\r\\n" lines come in
+    with their "\\r"); (the translated lines, the first sentence)."""
     from attnmt.data.sentences import split_lines
 
     assert job.split is not None
-    parts = split_lines(batch, job.split)
+    ends = ["\r\n" if line.endswith("\r") else "\n" for line in batch]  # as each line came
+    parts = split_lines([line.removesuffix("\r") for line in batch], job.split)
     tagged = [f"{job.tag} {s}" if job.tag else s for s in parts.sentences]
     results = translator.translate_nbest(tagged, glossary=job.glossary)
     lines = parts.rejoin([nbest[0].text for nbest in results])
-    out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+    out.write("".join(line + end for line, end in zip(lines, ends, strict=True)).encode("utf-8"))
     out.flush()
     return lines, tagged[0] if tagged else None
 

@@ -89,22 +89,25 @@ def read_src_ref(
     return lines, refs
 
 
-def decode_line(raw: bytes, number: int, name: str | Path) -> str:
-    """One line of UTF-8 input without its "\\n" or "\\r\\n" end; line 1 loses a byte-order mark.
+def decode_line(raw: bytes, number: int, name: str | Path, keep_cr: bool = False) -> str:
+    """One line of UTF-8 input without its "\\n" or "\\r\\n" end (`keep_cr`: without its
+    "\\n", so a "\\r\\n" line ends in "\\r"); line 1 loses a byte-order mark.
 
     Raises:
         UserError: not UTF-8 (the message names `name` and the line `number`, 1-based).
     """
-    raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+    raw = raw.removesuffix(b"\n")
+    if not keep_cr:
+        raw = raw.removesuffix(b"\r")
     try:
         return raw.decode("utf-8-sig" if number == 1 else "utf-8")
     except UnicodeDecodeError as e:
         raise _not_utf8(name, number, e) from None
 
 
-def iter_lines(stream: BinaryIO, name: str | Path) -> Iterator[str]:
-    """The lines of a binary stream as `read_lines` splits them, one at a time (memory stays
-    bounded however long the file is).
+def iter_lines(stream: BinaryIO, name: str | Path, keep_cr: bool = False) -> Iterator[str]:
+    """The lines of a binary stream as `read_lines` splits them (`keep_cr`: as `decode_line`
+    keeps them), one at a time (memory stays bounded however long the file is).
 
     Raises:
         UserError: a line is not UTF-8, or reading fails (the message names `name`).
@@ -112,7 +115,7 @@ def iter_lines(stream: BinaryIO, name: str | Path) -> Iterator[str]:
     number = 0
     try:
         for number, raw in enumerate(stream, 1):
-            yield decode_line(raw, number, name)
+            yield decode_line(raw, number, name, keep_cr)
     except OSError as e:
         raise UserError(
             f"cannot read {name} after line {number} ({e.strerror}); check the file"

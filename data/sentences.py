@@ -9,8 +9,9 @@ rules for follows sentencex's own fallback chain, which ends at English's rules.
 
 Invariants (`split_line`): `line == lead + s[0] + gaps[0] + s[1] + ... + s[-1] + gaps[-1]`,
 every sentence non-empty and without leading or trailing whitespace, every gap whitespace;
-a line that is empty or only whitespace has no sentence and joins to "". Nothing is dropped:
-a line's translation is its sentences' translations, each in its place.
+a line that is empty or only whitespace has no sentence and is its `lead`. Nothing is dropped:
+a line's translation is its sentences' translations, each in its place, with the line's
+whitespace as it came (`Split.join`: the one rejoining rule of translate.py and the server).
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ class Split(NamedTuple):
     gaps: list[str]  # whitespace after each sentence (the last one: the line's trailing)
 
     def join(self, translations: list[str]) -> str:
-        """The line with each sentence replaced by its translation; "" for no sentence."""
+        """The line with each sentence replaced by its translation, its whitespace (before,
+        between and after the sentences; a blank line's) as it came."""
         if len(translations) != len(self.sentences):
             raise ValueError(f"{len(translations)} translations for {len(self.sentences)}")
-        if not self.sentences:
-            return ""
         parts = [self.lead]
         for text, gap in zip(translations, self.gaps, strict=True):
             parts += [text, gap]

@@ -8,6 +8,7 @@ before torch loads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, get_args
 
@@ -62,6 +63,9 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):  # NaN passes every <
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
             minimum = f.metadata["min"]
             if minimum is not None and getattr(self, f.name) < minimum:
                 raise ValueError(f"{f.name} must be >= {minimum}, got {getattr(self, f.name)}")

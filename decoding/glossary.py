@@ -4,6 +4,12 @@ terms occur (torch-free, so the command line checks a glossary before loading to
 A source term is found in a sentence on whole words, case-insensitively, longest terms first,
 never overlapping, each once per sentence; its target term must then appear in the translation
 exactly as written (`decoding.constraints`). A term mapped to itself is a do-not-translate term.
+
+Case-insensitive is one rule everywhere (`fold`): Unicode's default caseless matching,
+`str.casefold`. Two source terms that fold alike are one term, and a sentence is matched in its
+folded form against the folded terms, so every match is a folded term: "STRASSE" finds
+"Straße", "ǆ" finds "ǅ", and "İstanbul" (whose dotted capital folds to "i" + U+0307) finds a
+term written "İstanbul" but not one written "Istanbul".
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ class Glossary:
             if not term.source.strip() or not term.target.strip():
                 side = "source" if not term.source.strip() else "target"
                 raise GlossaryError(f"{term.origin}: the {side} term is empty; give both terms")
-            key = _words(term.source).casefold()
+            key = fold(term.source)
             if key in seen:
                 if seen[key].target != term.target:
                     raise GlossaryError(
@@ -52,10 +58,10 @@ class Glossary:
             seen[key] = term
             self.terms.append(Term(term.source.strip(), term.target.strip(), term.origin))
         # longest source terms first, so "young boy" wins over "boy" where both match
-        ordered = sorted(self.terms, key=lambda t: -len(_words(t.source)))
-        self._by_key = {_words(t.source).casefold(): t for t in ordered}
-        alternatives = "|".join(r"\s+".join(map(re.escape, t.source.split())) for t in ordered)
-        self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
+        keys = sorted((fold(t.source) for t in self.terms), key=len, reverse=True)
+        self._by_key = {fold(t.source): t for t in self.terms}
+        alternatives = "|".join(r"\s+".join(map(re.escape, k.split())) for k in keys)
+        self._pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)")  # on folded text
 
     def __len__(self) -> int:
         return len(self.terms)
@@ -88,8 +94,8 @@ class Glossary:
     def updated(self, overrides: Glossary) -> Glossary:
         """These terms, with those of `overrides` in place of any that have the same source
         term (a server request's glossary over the model's default one)."""
-        replaced = {_words(t.source).casefold() for t in overrides.terms}
-        kept = [t for t in self.terms if _words(t.source).casefold() not in replaced]
+        replaced = {fold(t.source) for t in overrides.terms}
+        kept = [t for t in self.terms if fold(t.source) not in replaced]
         return Glossary([*kept, *overrides.terms])
 
     def find(self, sentence: str) -> list[Term]:
@@ -98,14 +104,19 @@ class Glossary:
         if not self.terms:
             return []
         found: dict[str, Term] = {}
-        for match in self._pattern.finditer(sentence):
-            term = self._by_key[_words(match.group()).casefold()]
+        for match in self._pattern.finditer(sentence.casefold()):
+            term = self._by_key[_words(match.group())]  # a folded key: casefold is idempotent
             found.setdefault(term.source, term)
         return list(found.values())
 
 
 def _words(text: str) -> str:
     return " ".join(text.split())
+
+
+def fold(text: str) -> str:
+    """The form a source term is matched and looked up by: its words, casefolded."""
+    return _words(text.casefold())
 
 
 def uses_term(text: str, target: str) -> bool:

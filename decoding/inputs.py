@@ -37,6 +37,7 @@ class Input:
     """Sentences to translate, a batch (list of lines) at a time."""
 
     interactive = False  # True: batches are what has arrived so far (pipe, terminal)
+    keep_cr = False  # True: a "\r\n" line keeps its "\r" (decode_line)
 
     def batches(self) -> Iterator[list[str]]:
         raise NotImplementedError
@@ -69,7 +70,7 @@ class FileLines(Input):
 
     def batches(self) -> Iterator[list[str]]:
         batch: list[str] = []
-        for line in iter_lines(self.stream, self.name):
+        for line in iter_lines(self.stream, self.name, self.keep_cr):
             batch.append(line)
             if len(batch) == self.buffer_size:
                 yield batch
@@ -121,7 +122,10 @@ class ArrivingLines(Input):
             if eof and pending:  # an unterminated last line
                 lines, pending = [*lines, pending], b""
             if lines:
-                yield [decode_line(raw, number + i, self.name) for i, raw in enumerate(lines, 1)]
+                yield [
+                    decode_line(raw, number + i, self.name, self.keep_cr)
+                    for i, raw in enumerate(lines, 1)
+                ]
                 number += len(lines)
 
     def _ready(self) -> bool:

@@ -335,7 +335,7 @@ def sample_tokens(
     """
     logits = logits.float()
     lprobs = torch.log_softmax(logits, dim=-1)  # (N, V) what the sample is scored by
-    weights = logits / cfg.temperature  # (N, V)
+    weights = temperature_scaled(logits, cfg.temperature)  # (N, V)
     banned = never_generated(special) + ([special.eos] if no_eos else [])
     weights[:, banned] = float("-inf")
     if 0 < cfg.topk < weights.size(-1):
@@ -345,6 +345,7 @@ def sample_tokens(
         probs, order = torch.softmax(weights, dim=-1).sort(dim=-1, descending=True)  # (N, V)
         before = probs.cumsum(dim=-1) - probs  # mass of the more probable tokens
         drop = before.ge(cfg.topp)  # the set already reached topp without this token
+        drop[:, 0] = False  # the most probable stays, even for a topp float32 rounds to 0
         weights = weights.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
     if at_limit is not None:
         only_eos = torch.full_like(weights, float("-inf"))
@@ -352,6 +353,19 @@ def sample_tokens(
         weights = torch.where(at_limit.unsqueeze(1), only_eos, weights)
     token = torch.multinomial(torch.softmax(weights, dim=-1), 1, generator=generator)  # (N, 1)
     return lprobs.gather(1, token), token
+
+
+# The factor logits are scaled by (1 / temperature) is kept in float32's finite normal range:
+# a temperature below 1 / MAX_SCALE samples as it does (the most probable token), one above
+# MAX_SCALE samples as it does (uniformly); any temperature SearchConfig accepts gives no NaN.
+MAX_SCALE = 1e30
+
+
+def temperature_scaled(logits: Tensor, temperature: float) -> Tensor:
+    """float32 `logits / temperature`, shifted so that each row's maximum is 0: finite rows
+    stay finite or -inf (never NaN) for every temperature > 0, the softmax is unchanged."""
+    scale = min(max(1.0 / temperature, 1.0 / MAX_SCALE), MAX_SCALE)
+    return (logits - logits.max(dim=-1, keepdim=True).values) * scale
 
 
 def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:

@@ -48,7 +48,7 @@ from attnmt.server.metrics import Metrics, Middleware
 from attnmt.server.openapi import openapi_document
 from attnmt.server.options import OptionError, as_dict, search_config
 from attnmt.server.service import Limits, RoutingError, ServedModel, Service
-from attnmt.server.splitting import split_option, split_ours
+from attnmt.server.splitting import split_option, split_ours, splits_sentences
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -252,7 +252,8 @@ def _sentences(body: dict[str, Any], limits: Limits) -> list[str]:
             f"{len(sentences)} sentences in one request, the limit is "
             f"{limits.max_sentences} (serve.py --max-sentences); split the request",
         )
-    sentences = [_one_line(s) for s in sentences]
+    if not splits_sentences(body):  # split: each line a paragraph, its breaks kept
+        sentences = [_one_line(s) for s in sentences]
     _check_lengths(sentences, limits.max_chars, "sentences")
     return sentences
 

@@ -71,7 +71,7 @@ async def read_body(request: Request, max_body: int) -> tuple[dict[str, Any], bo
     data = await read_bytes(request, max_body)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in FORMS or (kind == FORMS[0] and data.lstrip()[:1] == b"{"):
-        return parse_json(data), False
+        return _routed_json(parse_json(data)), False
     pairs: list[tuple[str, Any]]
     if kind == "multipart/form-data":
 
@@ -98,6 +98,15 @@ async def read_body(request: Request, max_body: int) -> tuple[dict[str, Any], bo
         else:
             body.setdefault(key, value)
     return body, True
+
+
+def _routed_json(body: dict[str, Any]) -> dict[str, Any]:
+    """A JSON body without our `sentences` that names LibreTranslate's `source` or `target` is
+    LibreTranslate's even without `q` (given `"q": None`, which `/translate` routes here), so
+    that it gets LibreTranslate's answer, "missing q parameter", not ours."""
+    if "q" not in body and "sentences" not in body and ("source" in body or "target" in body):
+        body["q"] = None
+    return body
 
 
 async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONResponse:

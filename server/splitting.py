@@ -1,10 +1,11 @@
 """The texts of a request as the sentences a model translates, and back (both APIs).
 
-A text is cut into pieces (LibreTranslate's `format: text`: its lines; `format: html`: its
-text nodes, `html.Document`; ours: the whole text), and each piece, when splitting is on, into
-sentences (`data.sentences`, by the source language). Every sentence of every text goes to the
-model in one job; `render` puts each text back together: its pieces' whitespace, line breaks
-and markup as they came, each sentence replaced by its translation. Torch-free.
+A text is cut into pieces (`format: text`, both APIs: its lines, "\n" or "\r\n"; `format:
+html`: its text nodes, `html.Document`), and each piece, when splitting is on, into sentences
+(`data.sentences`, by the source language). Every sentence of every text goes to the model in
+one job; `render` puts each text back together: its pieces' whitespace (blank lines too), line
+breaks and markup as they came, each sentence replaced by its translation (`Split.join`, as
+translate.py --split-sentences does). Torch-free.
 """
 
 from __future__ import annotations
@@ -123,6 +124,14 @@ def source_language(sources: list[str], requested: str | None) -> str | None:
     if requested and requested != "auto":
         return requested
     return sources[0] if len(sources) == 1 else None
+
+
+def splits_sentences(body: dict[str, Any]) -> bool:
+    """Whether our request `body` asks for `split_sentences` (read, not popped; a bad value is
+    refused later by `split_option`): its texts then keep their line breaks, each line a
+    paragraph, instead of becoming one line."""
+    value = body.get("split_sentences")
+    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1"))
 
 
 def split_option(body: dict[str, Any], default: bool, status: int, prefix: str = "") -> bool:

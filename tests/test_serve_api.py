@@ -196,6 +196,23 @@ def test_libretranslate_html_keeps_the_markup(server: str, runs: dict[str, Path]
     )
 
 
+def test_a_libretranslate_json_body_without_q_gets_libretranslates_error(server: str) -> None:
+    for body in ({"source": "de", "target": "en"}, {"target": "en", "format": "html"}):
+        status, answer = post(server, "/translate", body)
+        assert (status, answer) == (400, {"error": "Invalid request: missing q parameter"})
+    status, answer = post(server, "/translate", {})  # neither API's fields: ours
+    assert status == 400 and "'sentences' must be a list of strings" in answer["error"], answer
+    ours = {"sentences": SOURCES[:1], "source": "de", "target": "en"}  # our aliases
+    assert post(server, "/translate", ours)[0] == 200
+
+
+def test_extreme_sampling_values_the_schema_accepts_answer_200(server: str) -> None:
+    for options in ({"temperature": 1e-300}, {"topp": 1e-300}, {"temperature": 1e300}):
+        body = {"sentences": SOURCES[:2], "sampling": True, "nbest": 2, **options}
+        status, answer = post(server, "/translate", body)
+        assert status == 200 and len(answer["translations"]) == 2, answer
+
+
 def form(url: str, fields: list[tuple[str, str]], multipart: bool = False) -> tuple[int, Any]:
     if multipart:
         boundary = "XyZ123"

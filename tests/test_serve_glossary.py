@@ -133,6 +133,17 @@ def test_bad_glossaries_are_4xx_json_on_both_apis(
     assert ours(server, [DOGS])  # still serving
 
 
+def test_glossaries_fold_case_alike_for_matching_and_lookup(server: str) -> None:
+    # "İ", "ß", "ǅ": a term matched is a term found, on both APIs, request and default
+    for sentence in ["Ich liebe İstanbul.", "Die STRASSE.", "ǅemal fährt Fahrrad."]:
+        terms = {"Istanbul": "Istanbul", "Straße": "Vierbeiner", "ǆemal": "ǅemal"}
+        got = ours(server, [sentence, BIKE], glossary=terms)
+        assert len(got) == 2, got
+        assert libre(server, sentence, glossary=terms)
+    assert uses_term(ours(server, ["Die STRASSE."], glossary={"Straße": "Vierbeiner"})[0],
+                     "Vierbeiner")  # fmt: skip
+
+
 def test_a_term_over_the_output_budget_or_with_sampling_is_422(server: str) -> None:
     budget = {"max_len_a": 0, "max_len_b": 2}
     body = {"sentences": ["Das Kind fährt Fahrrad."], "glossary": TERM, **budget}

@@ -20,6 +20,7 @@ from attnmt.data.sentences import split_line, split_lines, splitting_language
 from attnmt.server.splitting import Texts
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, tiny_tokenizer
+from tests.test_libretranslate_calls import download, upload
 from tests.test_serve import ENV, ROOT, post, serve
 
 S = [src for src, _ in PAIRS]  # German sentences the tiny tokenizer knows
@@ -41,7 +42,7 @@ def test_a_line_rejoins_to_itself_with_its_spacing() -> None:
         split = split_line(line, "de")
         assert all(s and s == s.strip() for s in split.sentences), split
         assert all(not g.strip() for g in [split.lead, *split.gaps]), split
-        assert split.join(split.sentences) == (line if line.strip() else ""), split
+        assert split.join(split.sentences) == line, split  # a blank line's whitespace too
     assert split_line(f"{S[0]} {S[1]}  {S[2]}", "de").sentences == S[:3]
     assert split_line("  Er kam.\tSie ging.  ", "de") == (
         "  ",
@@ -77,7 +78,7 @@ def test_a_batch_of_lines_is_one_list_of_sentences_rejoined_per_line() -> None:
     assert parts.counts() == [3, 0, 2, 0, 1]
     assert parts.sentences[:3] == S[:3] and parts.sentences[-1] == S[4]
     upper = parts.rejoin([s.upper() for s in parts.sentences])
-    assert upper == [p.upper() if p.strip() else "" for p in PARAGRAPHS]
+    assert upper == [p.upper() for p in PARAGRAPHS]
     with pytest.raises(ValueError):
         parts.rejoin(parts.sentences[1:])
 
@@ -220,6 +221,38 @@ def test_libretranslate_html_text_nodes_are_split(server: str, one_by_one: dict[
         status == 200
         and answer["translatedText"] == f"<p>{t[0]} {t[1]}</p>\n<ul><li>{t[2]}</li></ul>"
     )
+
+
+# A text whose sentences are apart by a blank line, "\r\n", spaces, a line of spaces.
+SPACED = f"{S[0]} {S[1]}\r\n\r\n  {S[2]}\n   \n{S[3]}"  # within --max-chars
+
+
+def spaced_translation(one_by_one: dict[str, str]) -> str:
+    """SPACED with each sentence replaced by its translation and every whitespace as sent."""
+    return "\n".join(expected(line, one_by_one) for line in SPACED.split("\n"))
+
+
+def test_whitespace_between_sentences_comes_back_as_sent_everywhere(
+    server: str, run: Path, one_by_one: dict[str, str], tmp_path: Path
+) -> None:
+    want = spaced_translation(one_by_one)
+    assert "\r\n\r\n  " in want and "\n   \n" in want
+    status, answer = post(server, "/translate", {"sentences": [SPACED], "split_sentences": True})
+    assert (status, answer["translations"]) == (200, [want]), answer
+    lt = {"q": SPACED, "source": "de", "target": "en"}
+    assert post(server, "/translate", lt) == (200, {"translatedText": want})
+    status, answer = upload(server, "p.txt", SPACED.encode(), {"source": "de", "target": "en"})
+    assert status == 200, answer
+    assert download(answer)[0] == want.encode()
+    paragraphs = tmp_path / "p.de"
+    paragraphs.write_bytes(SPACED.encode() + b"\r\n")
+    done = subprocess.run(
+        [sys.executable, "translate.py", "-c", str(run), "--beam", "1", "--split-sentences",
+         "--input", str(paragraphs)],
+        cwd=ROOT, env=ENV, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == want.encode() + b"\r\n"
 
 
 def test_split_requests_errors_are_4xx_json(server: str) -> None:

@@ -67,6 +67,20 @@ def test_a_repeated_entry_is_one_term_and_a_mapping_works_like_a_file() -> None:
         Glossary.from_mapping({"cat": ""})
 
 
+def test_case_folding_is_one_rule_for_matching_and_lookup() -> None:
+    # Unicode's default caseless matching (casefold) for both: a match is always a known term
+    dotted = Glossary.from_mapping({"Istanbul": "Istanbul"})
+    assert dotted.find("I love İstanbul.") == []  # "İ" folds to "i" + U+0307, not to "i"
+    assert dotted.find("I love ISTANBUL.")[0].target == "Istanbul"
+    own = Glossary.from_mapping({"İstanbul": "Istanbul"})
+    assert own.find("I LOVE İSTANBUL.")[0].target == "Istanbul"
+    sharp = Glossary.from_mapping({"Straße": "street", "ǅemal": "Dzemal"})
+    assert [t.target for t in sharp.find("DIE STRASSE von ǄEMAL.")] == ["street", "Dzemal"]
+    assert [t.target for t in sharp.find("die strasse, ǆemal")] == ["street", "Dzemal"]
+    with pytest.raises(GlossaryError, match="'STRASSE' is already mapped to 'street'"):
+        Glossary.from_mapping({"Straße": "street", "STRASSE": "road"})
+
+
 def test_uses_term_is_exact_case_on_whole_words() -> None:
     assert uses_term("Ein Herr, der läuft.", "Herr")
     assert not uses_term("Ein herr läuft.", "Herr")
@@ -235,6 +249,17 @@ def test_translate_py_glossary(tmp_path: Path, checkpoint: Path) -> None:
     assert len(outputs) == 4
     for sentence, output in zip(SOURCES[:4], outputs, strict=True):
         assert all(uses_term(output, target) for target in _expected(sentence)), output
+
+
+def test_translate_py_glossary_folds_case_without_a_traceback(
+    tmp_path: Path, checkpoint: Path
+) -> None:
+    glossary = write(tmp_path / "terms.tsv", "Istanbul\tIstanbul\nStraße\tStraße\n")
+    done = run_cli("-c", str(checkpoint), "--glossary", str(glossary), "I love İstanbul.")
+    assert done.returncode == 0 and "Traceback" not in done.stderr.decode(), done.stderr
+    done = run_cli("-c", str(checkpoint), "--glossary", str(glossary), "A STRASSE.", "--beam", "2")
+    assert done.returncode == 0, done.stderr.decode()
+    assert uses_term(done.stdout.decode(), "Straße"), done.stdout
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,27 @@ def test_sampled_tokens_follow_the_shaped_softmax(cfg: SearchConfig) -> None:
     assert torch.allclose(lprob.squeeze(1), model_lprobs[token.squeeze(1)])
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "greedy"),
+    [("temperature", 1e-300, True), ("topp", 1e-300, True), ("temperature", 5e-324, True),
+     ("temperature", 1e300, False), ("temperature", 1e-30, True)],
+)  # fmt: skip
+def test_every_accepted_temperature_and_topp_samples_without_nan(
+    field: str, value: float, greedy: bool
+) -> None:
+    """Extreme values SearchConfig accepts draw tokens: tiny ones the most probable (the
+    softmax of logits / temperature has no NaN), a huge temperature any allowed token."""
+    logits = torch.tensor([0.0, 0.0, 0.0, 2.0, 1.5, 1.0, 0.8, 0.5, 0.2, -0.5, -1.0, 1.2])
+    cfg = SearchConfig(sampling=True, **{field: value})
+    gen = torch.Generator().manual_seed(0)
+    _, token = sample_tokens(logits.expand(400, 12).clone(), SPECIAL, cfg, False, None, gen)
+    drawn = set(token.squeeze(1).tolist())
+    assert drawn == {3} if greedy else len(drawn) > 5 and not drawn & {SPECIAL.pad, SPECIAL.bos}
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            SearchConfig(sampling=True, **{field: bad})
+
+
 def test_sampling_through_search_follows_the_model(tokenizer) -> None:  # noqa: ANN001
     """The first token of 4000 samples of one sentence (a scripted model: p = 0.5/0.3/0.2 over
     three tokens) with temperature 1: frequencies within 0.03 of the script."""
