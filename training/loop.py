@@ -92,6 +92,9 @@ def fit(
                 ctx.device.type,
             )
         distributed.check_shared_run_dir(run_dir, ctx)
+        off_budget = build.tokens_per_update_warning(configs, ctx.world_size)
+        if off_budget and ctx.is_main:  # before the data: a corpus may take hours to encode
+            log.warning("%s", off_budget)
         outcome = train(configs, run_dir, ctx, resume_plan)
     except BaseException:
         raise  # no teardown: a peer may be gone, and the process is about to exit anyway

@@ -45,7 +45,7 @@ FREE = frozenset(
             "max_steps max_epochs max_minutes eval_every log_every keep_last patience "
             "valid_max_sentences max_nonfinite on_divergence max_rollbacks rollback_lr_factor "
             "device precision compile tf32 num_threads dist_timeout prefetch "
-            "activation_checkpointing"
+            "activation_checkpointing expected_tokens_per_update"
         ).split()
     }
     | {"data.cache_dir", "data.num_proc", "data.test_splits", "data.test_from"}
