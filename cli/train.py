@@ -85,8 +85,11 @@ def _fail(message: str) -> None:
     if RANK > 0:
         time.sleep(5)
         message = f"[rank {RANK}] {message}"
-    if RANK == 0 and logging.getLogger().handlers:  # Hydra's logging: keep it in train.log
-        log.error("%s", message)
+    if RANK == 0:  # train.log keeps it; the console shows only the line below
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
     print(f"{PROG}: error: {message}", file=sys.stderr)
     _exit(2)
 
