@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from attnmt.common.files import atomic_write
 from attnmt.training.config import ConfigError
@@ -97,8 +99,9 @@ def recorded_config(run_dir: Path) -> DictConfig:
     return config
 
 
-def plan_resume(run_dir: Path, argv: list[str], conf_dir: Path) -> ResumePlan:
-    """The config of a resume in `run_dir` with the command line's Hydra overrides `argv`.
+def plan_resume(run_dir: Path, argv: list[str], conf_dir: Path) -> ResumePlan | None:
+    """The config of a resume in `run_dir` with the command line's Hydra overrides `argv`;
+    None when the overrides do not compose (Hydra then reports it, writing nothing).
 
     Raises:
         ConfigError: the overrides change a key outside `FREE` (one line, each key as
@@ -111,8 +114,15 @@ def plan_resume(run_dir: Path, argv: list[str], conf_dir: Path) -> ResumePlan:
     merged = {_override_key(arg): arg for arg in original}
     merged.update({_override_key(arg): arg for arg in given})
     with initialize_config_dir(str(conf_dir), version_base="1.3"):
-        before = _flat(compose("train", overrides=original))
-        after = _flat(compose("train", overrides=list(merged.values())))
+        try:
+            after = _flat(compose("train", overrides=list(merged.values())))
+            before = _flat(compose("train", overrides=original))
+        except (HydraException, OmegaConfBaseException):
+            try:  # the run's own command line no longer composes (the conf files changed)
+                after = _flat(compose("train", overrides=given))
+            except (HydraException, OmegaConfBaseException):
+                return None  # a bad override: Hydra's own start says what is wrong
+            before = after  # then only the keys the command line names change
     touched = {
         k for k in before.keys() | after.keys() if before.get(k, _ABSENT) != after.get(k, _ABSENT)
     }
