@@ -519,9 +519,9 @@ def test_a_preempted_job_requeues_itself_unless_it_finished(
 
 
 # `train.py` whose stop (the save at a stop request) first waits `seconds`, as a save of a
-# large model to slow shared storage can; run from another directory, on this tree's code.
-SLOW_STOP = """import sys, time
-sys.path.insert(0, {root!r})
+# large model to slow shared storage can; run from another directory, on this tree's code
+# (PYTHONPATH).
+SLOW_STOP = """import time
 from attnmt.training import run
 stop = run.Run.stop
 def slow_stop(self, reason):
@@ -544,7 +544,8 @@ def test_a_stop_slower_than_torchruns_default_shutdown_timeout_completes(tmp_pat
     env["PATH"] += os.environ["PATH"]
     work = tmp_path / "work"
     work.mkdir()
-    (work / "train.py").write_text(SLOW_STOP.format(root=str(ROOT), seconds=40))
+    (work / "train.py").write_text(SLOW_STOP.format(seconds=40))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     args = (*ARGS, "trainer.log_every=1", "trainer.max_steps=1000000")
     output = tmp_path / "slurm.out"  # a file, not a pipe: nothing waits on a reader
     with output.open("w") as out_file:
