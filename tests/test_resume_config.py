@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from attnmt.checkpoint import load_checkpoint
 from attnmt.common.errors import UserError
+from attnmt.training.loop import fit
 from attnmt.training.resume_config import CHANGES, SAVED, plan_resume, tokens_check
 from tests.train_helpers import CONF, ROOT, TOY, run_train, toy_cfg
 
@@ -140,3 +141,14 @@ def test_another_world_size_must_keep_the_tokens_per_update():
     with pytest.raises(UserError, match=r"= 1024 -> 1 x 512 x 1 = 512; set trainer.update_freq=2"):
         tokens_check(512, 1, 1, allowed=False)(saved, 2)
     tokens_check(512, 1, 1, allowed=True)(saved, 2)
+
+
+def test_a_checkpoint_at_other_tokens_per_update_is_refused_before_it_is_restored(tmp_path):
+    """`fit` itself (no command line to compare) checks the checkpoint's tokens per update."""
+    fit(toy_cfg(tmp_path, "trainer.max_steps=2"), tmp_path / "run")
+    with pytest.raises(UserError, match=r"= 512 -> 1 x 256 x 1 = 256; set trainer.update_freq=2"):
+        fit(toy_cfg(tmp_path, "trainer.max_steps=4", "trainer.max_tokens=256"), tmp_path / "run")
+    cfg = toy_cfg(
+        tmp_path, "trainer.max_steps=4", "trainer.max_tokens=256", "trainer.update_freq=2"
+    )
+    assert fit(cfg, tmp_path / "run").results["steps"] == 4
