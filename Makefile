@@ -8,7 +8,9 @@ BIN     := $(VENV)/bin
 # choose a CPU build (e.g. TORCH_PIP_ARGS="--index-url <pytorch cpu index>").
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
-# Where `make train` looks for Multi30k when the Hugging Face Hub is unreachable.
+# The Multi30k folder `make train` trains on (data.dir), whether or not the Hub is reachable:
+# by default ../shared/data/multi30k when that folder exists, else empty, and then train.py
+# loads bentrevett/multi30k from the Hugging Face Hub. A DATA_DIR given is always passed.
 DATA_DIR ?= $(firstword $(wildcard ../shared/data/multi30k))
 EXPERIMENT ?= multi30k_en_de
 TRAIN_ARGS ?=

@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import NoReturn
 
 import hydra
@@ -26,12 +27,15 @@ from omegaconf import DictConfig
 from attnmt.cli.args import program_name
 from attnmt.common.errors import UserError
 from attnmt.training.loop import fit
+from attnmt.training.resume_config import ResumePlan, is_resume, plan_resume
 from attnmt.training.run_dir import check_run_dir_free, torchrun_overrides
 
 PROG = program_name("train.py")
 RANK = int(os.environ.get("RANK", "0"))
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))
 log = logging.getLogger("train")
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+_RESUME: ResumePlan | None = None  # set by `cli` when the run dir holds a run to resume
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -44,8 +48,10 @@ def main(cfg: DictConfig) -> float:
             format=f"[rank {RANK}] %(levelname)s %(name)s: %(message)s",
         )
     run_dir = HydraConfig.get().runtime.output_dir
+    if _RESUME is not None:  # the run's own config with this command line's overrides
+        cfg = _RESUME.config
     try:
-        outcome = fit(cfg, run_dir, keep_memory=True)  # steps reuse freed blocks (CPU)
+        outcome = fit(cfg, run_dir, keep_memory=True, resume_plan=_RESUME)  # reuse freed blocks
     except UserError as e:
         _fail(str(e))
     if RANK == 0:
@@ -79,8 +85,11 @@ def _fail(message: str) -> None:
     if RANK > 0:
         time.sleep(5)
         message = f"[rank {RANK}] {message}"
-    if RANK == 0 and logging.getLogger().handlers:  # Hydra's logging: keep it in train.log
-        log.error("%s", message)
+    if RANK == 0:  # train.log keeps it; the console shows only the line below
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
     print(f"{PROG}: error: {message}", file=sys.stderr)
     _exit(2)
 
@@ -103,13 +112,25 @@ def _exit(code: int) -> NoReturn:
     sys.exit(code)
 
 
+def resume_plan(argv: list[str]) -> ResumePlan | None:
+    """The resume of the run in this command's `hydra.run.dir`, if it holds one."""
+    given = [arg.split("=", 1)[1] for arg in argv if arg.startswith("hydra.run.dir=")]
+    if not given or {"-m", "--multirun"} & set(argv) or not is_resume(Path(given[-1])):
+        return None
+    return plan_resume(Path(given[-1]), argv, CONF_DIR)
+
+
 def cli() -> None:
     """The command (`attnmt-train`, `python train.py`): Hydra's overrides from `sys.argv`."""
+    global _RESUME
     try:
         sys.argv += torchrun_overrides(sys.argv[1:])
         check_run_dir_free(sys.argv[1:])  # before Hydra writes .hydra/ and train.log there
+        _RESUME = resume_plan(sys.argv[1:])
     except UserError as e:
         _fail(str(e))
+    if _RESUME is not None and "hydra.output_subdir=null" not in sys.argv:
+        sys.argv.append("hydra.output_subdir=null")  # the run's .hydra/ stays as it was
     main()
     _exit(0)
 

@@ -24,6 +24,7 @@ import re
 import sys
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
@@ -415,6 +416,22 @@ def _load_hub_split(cfg: DataConfig, split: str) -> datasets.Dataset:
     return ds
 
 
+@contextmanager
+def _quiet_hub_client() -> Iterator[None]:
+    """Only errors from the Hub client's loggers while it loads: offline, `huggingface_hub`
+    warns at each of its retries (on its own handler and again through the root logger), and
+    the one line of a `DataError` says it all."""
+    loggers = [logging.getLogger(name) for name in ("huggingface_hub", "datasets")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _open_hub(cfg: DataConfig) -> datasets.DatasetDict:
     """All splits of ``hub_name``: a ``save_to_disk`` dir, a local data dir or a Hub dataset."""
     name = cfg.hub_name
@@ -430,7 +447,8 @@ def _open_hub(cfg: DataConfig) -> datasets.DatasetDict:
         f"(e.g. train.{cfg.src_lang}, train.{cfg.tgt_lang}, valid.{cfg.src_lang}, ...)"
     )
     try:
-        loaded = datasets.load_dataset(name, cfg.hub_config, cache_dir=hub_cache)
+        with _quiet_hub_client():
+            loaded = datasets.load_dataset(name, cfg.hub_config, cache_dir=hub_cache)
     except ConnectionError as e:
         raise DataError(f"cannot reach the Hugging Face Hub to load {name!r} ({e}); {fix}") from e
     except (datasets.exceptions.DatasetsError, OSError, ValueError) as e:

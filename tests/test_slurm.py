@@ -353,6 +353,7 @@ calls, pidfile = os.environ["CALLS"], os.environ["CALLS"] + ".torchrun.pid"
 with open(calls, "a") as f:
     f.write(json.dumps([name, *args]) + "\\n")
 if name == "srun":
+    open(pidfile, "w").write(str(os.getpid()))  # the pid of the torchrun it becomes
     command = [a for a in args if not a.startswith("-")]
     os.execvp(command[0], args[args.index(command[0]):])
 if name == "torchrun":
@@ -436,6 +437,7 @@ def test_one_node_launches_one_standalone_torchrun_with_a_process_per_gpu(tmp_pa
     assert torchrun[1:] == [
         "--nnodes=1",
         "--nproc_per_node=8",
+        "--shutdown-timeout=180",  # the --signal line's lead: torchrun's default is 30 s
         "--standalone",
         "train.py",
         "experiment=wmt14_en_de",
@@ -452,6 +454,7 @@ def test_two_nodes_launch_one_torchrun_per_node_meeting_on_the_first_node(tmp_pa
     assert torchrun[1:] == [
         "--nnodes=2",
         "--nproc_per_node=8",
+        "--shutdown-timeout=180",
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint=10.1.2.3:{port}",  # node1's NodeAddr
         "--rdzv_id=4242",
@@ -465,9 +468,10 @@ def test_two_nodes_launch_one_torchrun_per_node_meeting_on_the_first_node(tmp_pa
     assert f"2 nodes (node[1-2]), rendezvous at 10.1.2.3:{port}" in out
     # RDZV_PORT and NPROC from the environment; a node without a NodeAddr: its host name.
     Path(env["CALLS"]).unlink()
-    env.update(RDZV_PORT="31000", NPROC="4", STUB_ADDR="")
+    env.update(RDZV_PORT="31000", NPROC="4", STUB_ADDR="", LEAD="600")
     _, torchrun, _ = _launch(env)
     assert "--rdzv_endpoint=node1:31000" in torchrun and "--nproc_per_node=4" in torchrun
+    assert "--shutdown-timeout=600" in torchrun
     assert torchrun[-2:] == ["experiment=wmt14_en_de", f"hydra.run.dir={tmp_path / 'run'}"]
 
 
@@ -512,3 +516,55 @@ def test_a_preempted_job_requeues_itself_unless_it_finished(
     assert proc.returncode == 1, out
     assert (["scontrol", "requeue", "4242"] in _calls(env)) == requeued
     assert ("job 4242: preempted, requeueing" in out) == requeued
+
+
+# `train.py` whose stop (the save at a stop request) first waits `seconds`, as a save of a
+# large model to slow shared storage can; run from another directory, on this tree's code
+# (PYTHONPATH).
+SLOW_STOP = """import time
+from attnmt.training import run
+stop = run.Run.stop
+def slow_stop(self, reason):
+    time.sleep({seconds})
+    stop(self, reason)
+run.Run.stop = slow_stop
+from attnmt.cli.train import cli
+cli()
+"""
+
+
+@pytest.mark.slow
+def test_a_stop_slower_than_torchruns_default_shutdown_timeout_completes(tmp_path):
+    """USR1 with a stop that takes 40 s (torchrun's own default would SIGKILL its workers
+    30 s after its SIGTERM): the real torchrun waits the job script's lead, the worker saves
+    `last.pt` at the update it stopped after, and the job requeues."""
+    env = _stub_env(tmp_path, 1, NPROC="1", LEAD="90")
+    (tmp_path / "bin" / "torchrun").unlink()  # the real one, beside this Python
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+    env["PATH"] += os.environ["PATH"]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(SLOW_STOP.format(seconds=40))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    args = (*ARGS, "trainer.log_every=1", "trainer.max_steps=1000000")
+    output = tmp_path / "slurm.out"  # a file, not a pipe: nothing waits on a reader
+    with output.open("w") as out_file:
+        cmd = ["bash", str(SBATCH), *args, f"data.cache_dir={tmp_path / 'cache'}"]
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out_file, stderr=subprocess.STDOUT)
+    log = tmp_path / "run" / "train.log"
+    deadline = time.time() + 180
+    while not (log.exists() and "first update done" in log.read_text()):
+        assert time.time() < deadline and proc.poll() is None, output.read_text()[-3000:]
+        time.sleep(0.5)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGUSR1)
+    proc.wait(timeout=240)
+    out = output.read_text()
+    print(f"USR1 to the end of the job: {time.monotonic() - signalled:.1f} s")
+    assert proc.returncode == 0, out[-3000:]
+    assert ["scontrol", "requeue", "4242"] in _calls(env), out
+    text = log.read_text()
+    stopped = re.search(r"stopped by SIGTERM after step (\d+); checkpoints/last.pt saved", text)
+    assert stopped, text[-2000:]
+    last = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert last["train_state"]["step"] == int(stopped.group(1))

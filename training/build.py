@@ -252,6 +252,23 @@ def tokens_per_update(cfg: Configs, ctx: distributed.DistContext) -> int:
     return ctx.world_size * cfg.trainer.max_tokens * cfg.trainer.update_freq
 
 
+def tokens_per_update_warning(cfg: Configs, world_size: int) -> str | None:
+    """One line when the update's token budget is more than 2x off the tokens per update the
+    experiment's schedule assumes (`trainer.expected_tokens_per_update`; 0: none stated)."""
+    trainer, expected = cfg.trainer, cfg.trainer.expected_tokens_per_update
+    actual = world_size * trainer.max_tokens * trainer.update_freq
+    if expected <= 0 or expected / 2 <= actual <= expected * 2:
+        return None
+    freq = max(1, round(expected / (world_size * trainer.max_tokens)))
+    return (
+        f"tokens per update {actual} ({world_size} process(es) x trainer.max_tokens="
+        f"{trainer.max_tokens} x trainer.update_freq={trainer.update_freq}) is "
+        f"{actual / expected:.2g}x the {expected} this experiment's schedule assumes "
+        f"(trainer.expected_tokens_per_update); set trainer.update_freq={freq} or "
+        "trainer.max_tokens so that processes x max_tokens x update_freq is near it"
+    )
+
+
 def train_batches(data: Data, cfg: Configs, ctx: distributed.DistContext) -> BatchIterator:
     """Token-budget training batches of this rank, shuffled per epoch."""
     trainer = cfg.trainer

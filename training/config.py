@@ -70,6 +70,8 @@ class TrainerConfig:
     init_from: str | None = None
     init_keep_optimizer: bool = False
     activation_checkpointing: bool = False
+    allow_config_change: bool = False
+    expected_tokens_per_update: int = 0
 
 
 @dataclass

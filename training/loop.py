@@ -37,6 +37,7 @@ from attnmt.data.batching import Batch, BatchIterator, prefetch
 from attnmt.training import build, distributed
 from attnmt.training.config import Configs, TrainerConfig
 from attnmt.training.kernels import label_smoothed_cross_entropy
+from attnmt.training.resume_config import ResumePlan
 from attnmt.training.run import Learner, Run
 from attnmt.training.run_dir import RunDirLock
 from attnmt.training.state import TrainState, roll_back
@@ -57,8 +58,16 @@ class Outcome:
     preempted: str | None = None  # the signal that stopped the run early, if any
 
 
-def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outcome:
+def fit(
+    cfg: DictConfig,
+    run_dir: str | Path,
+    keep_memory: bool = False,
+    resume_plan: ResumePlan | None = None,
+) -> Outcome:
     """Train as `cfg` says, writing everything under `run_dir` (rank 0 only).
+
+    `resume_plan`: a resume's changes to the run's config (`training.resume_config`), recorded
+    in the run dir once the run has started.
 
     `keep_memory`: on the CPU, set glibc's malloc to keep freed memory for reuse
     (`common.memory`), which `train.py` does. It applies to the whole process for the rest of
@@ -83,7 +92,10 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
                 ctx.device.type,
             )
         distributed.check_shared_run_dir(run_dir, ctx)
-        outcome = train(configs, run_dir, ctx)
+        off_budget = build.tokens_per_update_warning(configs, ctx.world_size)
+        if off_budget and ctx.is_main:  # before the data: a corpus may take hours to encode
+            log.warning("%s", off_budget)
+        outcome = train(configs, run_dir, ctx, resume_plan)
     except BaseException:
         raise  # no teardown: a peer may be gone, and the process is about to exit anyway
     else:
@@ -94,10 +106,14 @@ def fit(cfg: DictConfig, run_dir: str | Path, keep_memory: bool = False) -> Outc
     return outcome
 
 
-def train(cfg: Configs, run_dir: Path, ctx: distributed.DistContext) -> Outcome:
+def train(
+    cfg: Configs, run_dir: Path, ctx: distributed.DistContext, plan: ResumePlan | None = None
+) -> Outcome:
     """Update until `max_steps`/`max_epochs`/`max_minutes`/patience or a stop request,
     validating every `eval_every` updates; then test the best checkpoint."""
     run = Run.start(cfg, run_dir, ctx)
+    if plan is not None and ctx.is_main:
+        plan.record(run.trainee.state.step)
     trainer, state = cfg.trainer, run.trainee.state
     clock = _WallClock(state)
     at_eval_step = state.step > 0 and state.step % trainer.eval_every == 0

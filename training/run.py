@@ -37,6 +37,7 @@ from attnmt.training.evaluate import (
 )
 from attnmt.training.init import command_line_keys, initial_checkpoint
 from attnmt.training.logger import TrainLogger
+from attnmt.training.resume_config import tokens_check
 from attnmt.training.state import Trainee, checkpoint_payloads, resume, rng_state, seed_everything
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,11 @@ class Run(Learner):
         tokenizer = initial.tokenizer if initial else None
         data = build.prepare_data(cfg, run_dir, ctx, tokenizer)
         trainee = build.build_trainee(cfg, data.tokenizer, ctx.device)
-        if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx):
+        trainer = cfg.trainer
+        check = tokens_check(
+            trainer.max_tokens, trainer.update_freq, ctx.world_size, trainer.allow_config_change
+        )
+        if not resume(trainee, run_dir / "checkpoints" / "last.pt", ctx, check):
             if initial is not None:
                 initial.load_into(trainee, cfg.trainer.init_keep_optimizer)
             seed_everything(cfg.trainer.seed + 1000 * ctx.rank)  # per-rank dropout streams

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,13 +103,21 @@ def checkpoint_payloads(
 RESUME_KEYS = ("optimizer", "scaler", "rng", "train_state")  # what a checkpoint resumes from
 
 
-def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
+def resume(
+    trainee: Trainee,
+    last: Path,
+    ctx: distributed.DistContext,
+    check: Callable[[dict[str, Any], int], None] | None = None,
+) -> bool:
     """Restore everything from `last` if it exists (every rank reads it); False otherwise.
 
     A damaged `last` is moved aside (`last.pt.damaged`, never overwritten) and the run
     resumes from the newest intact `step_<N>.pt` beside it, else `best.pt` if it holds resume
     state, with one warning line; if none can, CheckpointError says what each lacks and
     nothing is moved.
+
+    `check(saved_config, saved_ranks)` runs on the checkpoint's config and the number of ranks
+    that saved it before anything is restored (it raises to refuse the resume).
 
     Call before wrapping the model in DDP. Tensors load onto the CPU first: the optimizer moves
     its state next to the parameters itself, except Adam's step counters, which a non-fused
@@ -120,6 +129,10 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
         ckpt, source = load_checkpoint(last, map_location="cpu"), last
     except CorruptCheckpointError as damage:
         ckpt, source = _fall_back(last, damage, ctx)
+    # One random state per rank that saved it (older checkpoints: one dict, one rank).
+    rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
+    if check is not None:
+        check(ckpt.get("config") or {}, len(rngs))
     model = trainee.model
     if ckpt["model_config"] != asdict(model.cfg):
         raise CheckpointError(
@@ -129,8 +142,6 @@ def resume(trainee: Trainee, last: Path, ctx: distributed.DistContext) -> bool:
     _restore_learning(trainee, ckpt, source)
     saved = ckpt["train_state"]  # older checkpoints were written at validations only
     trainee.state = TrainState(**{"validated_step": saved["step"], **saved})
-    # One random state per rank that saved it (older checkpoints: one dict, one rank).
-    rngs = ckpt["rng"] if isinstance(ckpt["rng"], list) else [ckpt["rng"]]
     if len(rngs) == ctx.world_size:
         set_rng_state(rngs[ctx.rank], ctx.device)
     else:
