@@ -273,6 +273,7 @@ async def frontend_settings(request: Request) -> JSONResponse:
             "suggestions": False,
             "filesTranslation": True,
             "supportedFilesFormat": list(FORMATS),
+            "limits": service.limits._asdict(),  # ours: what one request may ask for
             "language": {
                 "source": {"code": "auto", "name": "Auto Detect"},
                 "target": {"code": target, "name": language_name(target)},
