@@ -80,7 +80,7 @@ def hostile_inputs(source: str, target: str, nbest: int = 100_000) -> list[Hosti
         Hostile("temperature 1e-300", "/translate", js({"sentences": ONE, "sampling": True, "temperature": 1e-300})),  # noqa: E501
         Hostile("topp 1e-300", "/translate", js({"sentences": ONE, "sampling": True, "topp": 1e-300})),
         Hostile("16 x beam 4 x max_len_b 1024", "/translate", js({"sentences": ONE * 16, "beam_size": 4, "max_len_b": 1024})),  # noqa: E501
-        Hostile("attention 1 KB", "/attention", js({"sentence": "a " * 400, "max_len_b": 700})),
+        Hostile("attention 1 KB", "/attention", js({"sentence": "a " * 400, "max_len_b": 500})),
         Hostile("html <a x 30000", "/translate", js({"q": "<a " * 30_000, "source": source, "target": target, "format": "html"})),  # noqa: E501
         Hostile("html <b>x x 20000", "/translate", js({"q": "<b>x" * 20_000, "source": source, "target": target, "format": "html"})),  # noqa: E501
         Hostile("html <![ x", "/translate", js({"q": "<![ x", "source": source, "target": target, "format": "html"})),  # noqa: E501
