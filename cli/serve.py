@@ -154,11 +154,11 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-work",
         type=number(int, 1),
-        default=65536,
+        default=32768,
         metavar="N",
         help="most output tokens one request's search may compute: its candidates per "
         "sentence (beam_size, or nbest samples) times its sentences' output budgets, summed; "
-        "beyond, 422 (default: 65536)",
+        "beyond, 422 (default: 32768)",
     )
     add(
         "--client-timeout",

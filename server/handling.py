@@ -181,7 +181,7 @@ def job_glossary(
 # A request's glossary: entries, and characters per term. A target term's spellings are
 # searched for in time that grows with the cube of its length: this bound comes first.
 MAX_TERMS = 1024
-MAX_TERM_CHARS = 256
+MAX_TERM_CHARS = 128
 
 
 def _check_terms_size(value: dict[str, str], status: int, prefix: str) -> None:

@@ -28,7 +28,7 @@ class Limits(NamedTuple):
     max_output_tokens: int  # int(max_len_a * longest source in tokens + max_len_b)
     # candidates (beam_size, or nbest samples) x the output budgets of the request's
     # sentences, summed: the most output tokens its search may compute
-    max_work: int = 65536
+    max_work: int = 32768
     client_timeout: float = 30.0  # seconds to send a request's headers, and its body
 
     @property

@@ -176,7 +176,7 @@ def test_frontend_settings(server: str) -> None:
             "max_chars": 200,
             "max_beam": 4,
             "max_output_tokens": 1024,
-            "max_work": 65536,
+            "max_work": 32768,
             "client_timeout": 30.0,
         },
         "language": {

@@ -46,11 +46,23 @@ def form_fields(pairs: list[tuple[str, str]]) -> Callable[[], bytes]:
 
 
 def docx_bomb(xml_bytes: int = 120 * 2**20) -> bytes:
-    """A small .docx whose document.xml unpacks to `xml_bytes` (under the 128 MiB cap)."""
+    """A .docx of some 400 KB (python-docx's blank document) whose document.xml unpacks to
+    `xml_bytes` of paragraphs (under the 128 MiB unzip cap)."""
+    import docx
+
+    blank = io.BytesIO()
+    docx.Document().save(blank)
+    paragraph = b"<w:p><w:r><w:t>A man rides a bike.</w:t></w:r></w:p>"
+    with zipfile.ZipFile(blank) as source:
+        parts = {name: source.read(name) for name in source.namelist()}
+    head, tail = parts["word/document.xml"].split(b"<w:body>")
+    parts["word/document.xml"] = b"".join(
+        [head, b"<w:body>", paragraph * (xml_bytes // len(paragraph)), tail]
+    )
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
-        archive.writestr("[Content_Types].xml", "<Types/>")
-        archive.writestr("word/document.xml", b"<w:document>" + b" " * xml_bytes + b"</w:document>")
+        for name, data in parts.items():
+            archive.writestr(name, data)
     return out.getvalue()
 
 
@@ -79,7 +91,7 @@ def hostile_inputs(source: str, target: str, nbest: int = 100_000) -> list[Hosti
         Hostile("nbest 2^62", "/translate", js({"sentences": ONE, "sampling": True, "nbest": 2**62})),
         Hostile("temperature 1e-300", "/translate", js({"sentences": ONE, "sampling": True, "temperature": 1e-300})),  # noqa: E501
         Hostile("topp 1e-300", "/translate", js({"sentences": ONE, "sampling": True, "topp": 1e-300})),
-        Hostile("16 x beam 4 x max_len_b 1024", "/translate", js({"sentences": ONE * 16, "beam_size": 4, "max_len_b": 1024})),  # noqa: E501
+        Hostile("16 x beam 4 x max_len_b 1024", "/translate", js({"sentences": ONE * 16, "beam_size": 4, "max_len_a": 0, "max_len_b": 1024})),  # noqa: E501
         Hostile("attention 1 KB", "/attention", js({"sentence": "a " * 400, "max_len_b": 500})),
         Hostile("html <a x 30000", "/translate", js({"q": "<a " * 30_000, "source": source, "target": target, "format": "html"})),  # noqa: E501
         Hostile("html <b>x x 20000", "/translate", js({"q": "<b>x" * 20_000, "source": source, "target": target, "format": "html"})),  # noqa: E501
@@ -88,7 +100,7 @@ def hostile_inputs(source: str, target: str, nbest: int = 100_000) -> list[Hosti
         Hostile("glossary İ", "/translate", js({"sentences": ["I love İstanbul."], "glossary": {"Istanbul": "Istanbul"}})),  # noqa: E501
         Hostile("form 100k q", "/translate", form_fields([("q", "x")] * 100_000 + [("source", source), ("target", target)]), "application/x-www-form-urlencoded"),  # noqa: E501
         Hostile(".docx bomb 120 MiB", "/translate_file", upload("bomb.docx", docx_bomb, pair), MULTIPART),
-        Hostile(".txt 16 MiB blank lines", "/translate_file", upload("blank.txt", lambda: b"\n" * (16 * 2**20 - 4096), pair), MULTIPART),  # noqa: E501
+        Hostile(".txt 16 MiB blank lines", "/translate_file", upload("blank.txt", lambda: b"A man.\n" + b"\n" * (16 * 2**20 - 4096), pair), MULTIPART),  # noqa: E501
         Hostile("file named .txt", "/translate_file", upload(".txt", lambda: b"A man.\n", pair), MULTIPART),
     ]  # fmt: skip
 
@@ -169,8 +181,8 @@ def test_no_hostile_input_takes_the_server_down(run_dir: Path) -> None:
         for thread in bombs:
             thread.join()
         # a long decode (within the limits) whose client leaves: cancelled between steps
-        long = {"sentences": ONE * 15, "beam_size": 4, "max_len_a": 0, "max_len_b": 1000}
-        leave_during(url, long, 2.0)
+        long = {"sentences": ONE * 8, "beam_size": 4, "max_len_a": 0, "max_len_b": 1000}
+        leave_during(url, long, 1.0)  # 32,000 tokens of work: within --max-work
         slow = half_sent(url, 20, body=True) + half_sent(url, 20, body=False)
         assert all(closed(sock, 30) for sock in slow)  # --client-timeout 2
         began = time.monotonic()

@@ -21,7 +21,7 @@ from attnmt.server.batcher import Batcher, Gone, Job
 from attnmt.server.documents import MAX_UPLOADS, FileError, parse_file, safe_name
 from attnmt.server.service import Limits, ServedModel, Service
 
-LIMITS = Limits(64, 1000, 16, 1024, max_work=65536)
+LIMITS = Limits(64, 1000, 16, 1024, max_work=32768)
 
 
 class Model:
@@ -104,7 +104,7 @@ def test_n_best_samples_beams_and_budgets_are_bounded_by_one_work_limit() -> Non
     assert status == 200 and len(answer["nbest"][0]) == 4
     assert model.calls == [one]
     status, answer = call(service, "GET", "/frontend/settings")
-    assert answer["limits"]["max_work"] == 65536
+    assert answer["limits"]["max_work"] == 32768
 
 
 def test_request_preparation_runs_off_the_event_loop() -> None:
@@ -131,7 +131,7 @@ def test_a_glossary_term_is_bounded_before_its_spellings_are_searched() -> None:
     terms = {f"bike{i}": "Fahrrad" * 300 for i in range(3)}  # 2,100 characters each
     body = {"sentences": ["A man rides a bike0."], "glossary": terms}
     status, answer = post(service, "/translate", body)
-    assert status == 422 and "characters, the limit is 256" in answer["error"]
+    assert status == 422 and "characters, the limit is 128" in answer["error"]
 
 
 def test_attention_answers_are_bounded() -> None:
