@@ -40,6 +40,7 @@ PROG = program_name("serve.py")
 # (`GreedyStream`'s `gather`): 1.05x the sentences/s at 32 clients, 2 and 3 alike
 # (docs/benchmarks.md, "The server's steps").
 STREAM_GATHER = 2
+KEEP_ALIVE_S = 5  # an idle connection is closed this long after its last answer (uvicorn's)
 
 
 # What --nbest does here (translate.py prints the hypotheses; the API returns them).
@@ -155,6 +156,23 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="largest output length budget, int(max_len_a * source tokens + max_len_b), a "
         "request may ask for (default: 1024)",
+    )
+    add(
+        "--max-work",
+        type=number(int, 1),
+        default=32768,
+        metavar="N",
+        help="most output tokens one request's search may compute: its candidates per "
+        "sentence (beam_size, or nbest samples) times its sentences' output budgets, summed; "
+        "beyond, 422 (default: 32768)",
+    )
+    add(
+        "--client-timeout",
+        type=number(float, 0.001),
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a client may take to send a request's headers, and then its body; "
+        "beyond, the connection is closed (headers) or answered 408 (body) (default: 30)",
     )
 
 
@@ -297,6 +315,7 @@ def run(args: argparse.Namespace) -> None:
     import uvicorn
 
     from attnmt.server.app import create_app
+    from attnmt.server.connections import timed_protocol
     from attnmt.server.keys import KeyRing
     from attnmt.server.service import Limits, ServedModel, Service
 
@@ -313,7 +332,14 @@ def run(args: argparse.Namespace) -> None:
         model = loaded()
         model.glossary = glossaries.get(model_id)
         served.append(model)
-    limits = Limits(args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens)
+    limits = Limits(
+        args.max_sentences,
+        args.max_chars,
+        args.max_beam,
+        args.max_output_tokens,
+        args.max_work,
+        args.client_timeout,
+    )
     service = Service(served, served[0].defaults or defaults, limits, keys)  # the default model's
     mode = "batching off" if args.no_batching else f"batches up to {defaults.batch_size} sentences"
     if keys is not None:
@@ -334,7 +360,12 @@ def run(args: argparse.Namespace) -> None:
     for model in served:
         metrics_of[model.id] = service.metrics
     config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on"
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        lifespan="on",
+        http=timed_protocol(args.client_timeout),  # a late request head closes its connection
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal that stopped it once it has shut down, with the handler
@@ -364,7 +395,7 @@ def serve_model(
 ) -> Callable[[], Any]:
     """One model: its process started (`server.worker.ModelProcess`: the model loaded there,
     its batcher and model thread), and `loaded()`, which waits for the model and returns it
-    served: with, here on the event loop, its tokenizer, for counting a request's tokens and
+    served: with, here in the HTTP process, its tokenizer, for counting a request's tokens and
     checking its terms before the request is sent."""
     from functools import partial
 
@@ -383,8 +414,11 @@ def serve_model(
     batcher = ModelProcess(load_batcher, job, args.max_queue, record, name=name, wait=False)
     tokenizer_for = pair_tokenizers(tokenizer, multilingual)
 
+    def token_counts(sentences: list[str]) -> list[int]:
+        return [len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences])]
+
     def count_tokens(sentences: list[str]) -> int:
-        return max(len(ids) for ids in tokenizer.encode_src([s.strip() for s in sentences]))
+        return max(token_counts(sentences))
 
     def check_terms(
         cfg: Any, sentences: list[str], prefixes: Any, glossary: Any, langs: tuple
@@ -402,7 +436,8 @@ def serve_model(
         model_defaults, precision, device = (facts.pop(k) for k in ("defaults", "precision", "device"))  # fmt: skip
         info.update(facts, device=device, precision=precision, quantize=args.quantize)
         served = ServedModel(model_id, sources, targets, batcher, count_tokens, info, model_defaults)  # fmt: skip
-        served.check_terms = check_terms  # on the event loop: tokenizing only, no model call
+        served.check_terms = check_terms  # on a worker thread: tokenizing only, no model call
+        served.token_counts = token_counts
         return served
 
     return loaded

@@ -34,11 +34,13 @@ from attnmt.decoding.config import SearchConfig
 from attnmt.server import libretranslate
 from attnmt.server.batcher import Job
 from attnmt.server.handling import (
+    ClientGone,
     check_key,
     check_output_budget,
     count_route,
     error,
     job_glossary,
+    off_loop,
     parse_json,
     read_bytes,
     service_of,
@@ -116,6 +118,9 @@ def counted(handler: Handler) -> Handler:
             service.cancelled += 1
             message = "the server stopped before this request was complete; retry"
             return JSONResponse({"error": message}, 503)
+        except ClientGone:  # its job was dropped; nobody reads this answer
+            service.cancelled += 1
+            return JSONResponse({"error": "the client closed the connection"}, 499)
         except BaseException:
             service.answered += 1  # an error answer
             raise
@@ -132,24 +137,14 @@ async def translate(request: Request) -> JSONResponse:
     """`POST /translate`: LibreTranslate's for a form or a body with `q`, else ours."""
     service = service_of(request)
     limits = service.limits
-    body, form = await libretranslate.read_body(request, limits.max_body)
+    body, form = await libretranslate.read_body(request, limits)
     check_key(body, request, service)
     if form or "q" in body:
-        return await libretranslate.translate(body, form, service)
-    sentences = _sentences(body, limits)
-    prefixes = _prefixes(body, sentences, limits)
-    split = split_option(body, False, 422)
-    terms = body.pop("glossary", None)
-    model, langs = _our_route(body, service)
-    cfg = _options(body, service, model)
-    texts = split_ours(sentences, prefixes, cfg.nbest, model, langs[0], limits) if split else None
-    if texts is not None:
-        sentences = texts.sentences
-    check_output_budget(cfg, sentences, model, limits.max_output_tokens)
-    glossary = job_glossary(terms, model, cfg, sentences, prefixes, langs, 422)
+        return await libretranslate.translate(body, form, service, request)
+    model, job, texts = await off_loop(_our_job, body, service)
+    cfg = job.cfg
     count_route(service, model, "attnmt")
-    job = Job(cfg, sentences, prefixes=prefixes, langs=langs, glossary=glossary)
-    hyps = await submit(model.batcher, job) if sentences else []
+    hyps = await submit(model.batcher, job, request) if job.sentences else []
     if texts is not None:  # one translation per text, its sentences' scores summed
         hyps = texts.best(hyps)
     answer: dict[str, Any] = {
@@ -166,11 +161,35 @@ async def translate(request: Request) -> JSONResponse:
     return JSONResponse(answer)
 
 
+def _our_job(body: dict[str, Any], service: Service) -> tuple[ServedModel, Job, Any]:
+    """Our request's (model, job, split texts or None), every field and limit checked (on a
+    worker thread: splitting, tokenizing and glossary checks)."""
+    limits = service.limits
+    sentences = _sentences(body, limits)
+    prefixes = _prefixes(body, sentences, limits)
+    split = split_option(body, False, 422)
+    terms = body.pop("glossary", None)
+    model, langs = _our_route(body, service)
+    cfg = _options(body, service, model)
+    texts = split_ours(sentences, prefixes, cfg.nbest, model, langs[0], limits) if split else None
+    if texts is not None:
+        sentences = texts.sentences
+    check_output_budget(cfg, sentences, model, limits)
+    glossary = job_glossary(terms, model, cfg, sentences, prefixes, langs, 422)
+    return model, Job(cfg, sentences, prefixes=prefixes, langs=langs, glossary=glossary), texts
+
+
 async def attention(request: Request) -> JSONResponse:
     """`POST /attention`: one sentence's translation and cross-attention (the page's)."""
     service = service_of(request)
-    body = parse_json(await read_bytes(request, service.limits.max_body))
+    limits = service.limits
+    body = parse_json(await read_bytes(request, limits.max_body, limits.client_timeout))
     check_key(body, request, service)
+    model, job = await off_loop(_attention_job, body, service)
+    return JSONResponse(await submit(model.batcher, job, request))
+
+
+def _attention_job(body: dict[str, Any], service: Service) -> tuple[ServedModel, Job]:
     sentence = body.pop("sentence", None)
     if not isinstance(sentence, str):
         raise error(400, '\'sentence\' must be a string; send {"sentence": "..."}')
@@ -180,9 +199,29 @@ async def attention(request: Request) -> JSONResponse:
     _check_lengths([sentence], service.limits.max_chars, "sentence")
     model, langs = _our_route(body, service)
     cfg = _options(body, service, model)
-    check_output_budget(cfg, [sentence], model, service.limits.max_output_tokens)
-    job = Job(cfg, [sentence], attention=True, langs=langs)
-    return JSONResponse(await submit(model.batcher, job))
+    check_output_budget(cfg, [sentence], model, service.limits)
+    _check_attention_size(cfg, sentence, model)
+    return model, Job(cfg, [sentence], attention=True, langs=langs)
+
+
+# The most weights `/attention` answers with: layers x heads x output budget x source tokens
+# (about 8 bytes each in its JSON).
+MAX_ATTENTION_VALUES = 2**20
+
+
+def _check_attention_size(cfg: SearchConfig, sentence: str, model: ServedModel) -> None:
+    shape = model.info.get("model") or {}
+    layers, heads = shape.get("n_decoder_layers", 6), shape.get("n_heads", 8)
+    source = model.count_tokens([sentence]) + 1  # with EOS
+    output = int(cfg.max_len_a * (source - 1) + cfg.max_len_b) + 1
+    values = layers * heads * output * source
+    if values > MAX_ATTENTION_VALUES:
+        raise error(
+            413,
+            f"the attention of this sentence may hold {values} weights ({layers} layers x "
+            f"{heads} heads x {output} output x {source} source tokens), the limit is "
+            f"{MAX_ATTENTION_VALUES}; send a shorter sentence or lower 'max_len_a'/'max_len_b'",
+        )
 
 
 async def health(request: Request) -> JSONResponse:

@@ -21,6 +21,9 @@ sentences are done: iteration-level scheduling, as vLLM's. Invariants:
 - every submitted job gets its result or its exception exactly once, also when the server
   shuts down (`close` lets the thread finish every queued job before it returns), unless its
   future was cancelled while it waited: then it is dropped without a model call;
+- a stream whose unanswered jobs have all `gone` (their clients left) stops between two
+  steps, each such job answered `Gone`; a batch call runs to its end (bounded by the
+  server's work limit);
 - at most `max_queue` jobs wait; beyond that `submit` raises `QueueFull`.
 
 `one_request` (serve.py --no-batching) makes every batch one job, for the load comparison.
@@ -100,6 +103,8 @@ class Job:
     langs: Langs = (None, None)  # the pair a multilingual model is asked for
     glossary: Glossary | None = None  # terms the translations must use (translate only)
     future: Future = field(default_factory=Future)
+    # set when the job's client has gone: a stream of only such jobs stops between steps
+    gone: threading.Event = field(default_factory=threading.Event)
 
 
 class JobQueue(Protocol):
@@ -230,6 +235,9 @@ class Batcher:
                     return
                 for handle, result in stream.step():
                     jobs.pop(handle).future.set_result(result)
+                if jobs and all(job.gone.is_set() for job in jobs.values()):
+                    _drop(jobs.values())  # nobody waits for these: the stream ends here
+                    return
                 joining = self._stream_joining(first, stream.sentences)
         except Exception as e:  # the thread survives; every job of the stream gets the error
             logger.exception("a stream of %d requests failed", len(jobs) + len(joining))
@@ -301,6 +309,16 @@ class Batcher:
             return
         for job, result in zip(batch, results, strict=True):
             job.future.set_result(result)
+
+
+def _drop(jobs: Any) -> None:
+    """End started jobs whose clients have gone: each future gets `Gone`."""
+    for job in jobs:
+        job.future.set_exception(Gone("the client has gone"))
+
+
+class Gone(Exception):
+    """A started job stopped because its client had gone (`Job.gone`)."""
 
 
 def _streamable(job: Job) -> bool:

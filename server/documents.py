@@ -29,6 +29,10 @@ FORMATS = {
 }
 MAX_FILE_BYTES = 16 * 2**20  # an upload (a .docx with its images)
 MAX_UNZIPPED_BYTES = 128 * 2**20  # a .docx's parts, unpacked (no zip bombs)
+# A .docx's XML parts, unpacked, as the zip's directory gives their sizes (what the XML
+# parser reads: the zip reader stops at those sizes); parsing takes about 35x this memory.
+MAX_XML_BYTES = 16 * 2**20
+MAX_UPLOADS = 2  # files read, parsed and translated at once (each may take ~0.6 GB)
 # The parts of a .docx whose paragraphs are translated.
 DOCX_PARTS = re.compile(r"/word/(document|header\d*|footer\d*|footnotes|endnotes)\.xml")
 BOM = "\ufeff"
@@ -56,9 +60,19 @@ def extension(filename: str) -> str:
     return suffix
 
 
-def parse_file(filename: str, data: bytes) -> Parsed:
-    """The texts of an uploaded file. Raises FileError: an empty file, an unsupported type,
-    a file that is not what its extension says, or one without text."""
+def safe_name(filename: str) -> str:
+    """The name a translated file is kept and downloaded as: the upload's base name in
+    `[A-Za-z0-9._-]`, not hidden, with its extension checked (`extension`)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", filename.rsplit("/", 1)[-1].rsplit("\\", 1)[-1])
+    suffix = extension(safe)
+    safe = safe.lstrip(".")[-120:]
+    return safe if safe.lower() != suffix[1:] and safe else f"file{suffix}"
+
+
+def parse_file(filename: str, data: bytes, max_lines: int | None = None) -> Parsed:
+    """The texts of an uploaded file; a .txt file may have at most `max_lines` lines (blank
+    ones too), counted before it is decoded. Raises FileError: an empty file, an unsupported
+    type, a file that is not what its extension says, one without text, or over a limit."""
     suffix = extension(filename)
     if not data:
         raise FileError("the file is empty; send a file with text to translate")
@@ -69,10 +83,26 @@ def parse_file(filename: str, data: bytes) -> Parsed:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise FileError(f"the file is not UTF-8 text ({e}); save it as UTF-8") from None
+        if suffix == ".txt" and max_lines is not None:
+            _check_lines(text, max_lines)
         parsed = _parse_html(text) if suffix == ".html" else _parse_text(text)
     if not any(t.strip() for t in parsed.texts):
         raise FileError("the file has no text to translate")
     return parsed
+
+
+# What `str.splitlines` breaks a line at ("\r\n" once).
+LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def _check_lines(text: str, max_lines: int) -> None:
+    """At most `max_lines` lines, blank ones too, counted before the text is split."""
+    lines = sum(text.count(c) for c in LINE_BREAKS) - text.count("\r\n") + 1
+    if lines > max_lines:
+        raise FileError(
+            f"the file has {lines} lines, the limit is {max_lines} (serve.py --max-sentences "
+            "times --max-chars); send a shorter file"
+        )
 
 
 def _parse_text(text: str) -> Parsed:
@@ -103,14 +133,19 @@ def _parse_html(text: str) -> Parsed:
 def _parse_docx(data: bytes) -> Parsed:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            unzipped = sum(info.file_size for info in archive.infolist())
+            infos = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError):
         raise FileError("the file is not a .docx document (not a zip archive)") from None
-    if unzipped > MAX_UNZIPPED_BYTES:
-        raise FileError(
-            f"the .docx unpacks to {unzipped} bytes, the limit is {MAX_UNZIPPED_BYTES}; "
-            "send a smaller document"
-        )
+    unzipped = sum(info.file_size for info in infos)
+    xml = sum(info.file_size for info in infos if info.filename.endswith((".xml", ".rels")))
+    for size, limit, what in (
+        (unzipped, MAX_UNZIPPED_BYTES, "unpacks to"),
+        (xml, MAX_XML_BYTES, "holds XML of"),
+    ):
+        if size > limit:
+            raise FileError(
+                f"the .docx {what} {size} bytes, the limit is {limit}; send a smaller document"
+            )
     import docx
     from docx.oxml.ns import qn
 
@@ -170,8 +205,7 @@ class FileStore:
 
     def put(self, filename: str, data: bytes) -> str:
         """Keep a translated file; its download name."""
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", filename.rsplit("/", 1)[-1].rsplit("\\", 1)[-1])
-        safe = safe.lstrip(".")[-120:] or "file.txt"
+        safe = safe_name(filename)
         name = f"{uuid.uuid4().hex}.{safe}"
         self._files[name] = Stored(safe, data, FORMATS[extension(safe)])
         self._bytes += len(data)

@@ -18,7 +18,7 @@ from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.glossary import Glossary, GlossaryError
 from attnmt.server.batcher import Batcher, Closed, Job, Langs, QueueFull
 from attnmt.server.keys import KeyRejected
-from attnmt.server.service import ServedModel, Service
+from attnmt.server.service import Limits, ServedModel, Service
 
 
 def error(status: int, message: str) -> HTTPException:
@@ -36,18 +36,27 @@ def count_route(service: Service, model: ServedModel, api: str) -> None:
     service.metrics.routed.labels(model.id, api).inc()
 
 
-async def read_bytes(request: Request, max_body: int) -> bytes:
-    """The body; 413 past `max_body` bytes (checked while reading)."""
+async def read_bytes(request: Request, max_body: int, timeout: float = 30.0) -> bytes:
+    """The body; 413 past `max_body` bytes (checked while reading), 408 when it has not all
+    arrived `timeout` seconds after its headers (a slow sender holds no request open)."""
     too_big = error(413, f"request body over {max_body} bytes; send fewer or shorter sentences")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body:
         raise too_big
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise error(
+            408,
+            f"the request body did not arrive within {timeout:g} s (serve.py "
+            "--client-timeout); send it at once",
+        ) from None
     return b"".join(chunks)
 
 
@@ -87,17 +96,39 @@ def check_key(body: dict[str, Any], request: Request, service: Service) -> None:
 
 
 def check_output_budget(
-    cfg: SearchConfig, sentences: list[str], model: ServedModel, limit: int
+    cfg: SearchConfig, sentences: list[str], model: ServedModel, limits: Limits
 ) -> None:
+    """The request's output budget per sentence within --max-output-tokens, and its work
+    (`work`) within --max-work, before any search starts: 422 naming the fields."""
     if not sentences:
         return
-    allowed = cfg.max_len_a * model.count_tokens(sentences) + cfg.max_len_b  # may overflow
-    if not allowed <= limit:  # to inf: compare before int()
+    if model.token_counts is not None:
+        counts = model.token_counts(sentences)
+    else:  # only the longest known: every sentence counted as long
+        counts = [model.count_tokens(sentences)] * len(sentences)
+    longest = max(counts)
+    allowed = cfg.max_len_a * longest + cfg.max_len_b  # may overflow
+    if not allowed <= limits.max_output_tokens:  # to inf: compare before int()
         raise error(
             422,
             f"options 'max_len_a'/'max_len_b' allow {allowed:.0f} output tokens, the limit is "
-            f"{limit} (serve.py --max-output-tokens); lower them",
+            f"{limits.max_output_tokens} (serve.py --max-output-tokens); lower them",
         )
+    budgets = [int(cfg.max_len_a * n + cfg.max_len_b) for n in counts]
+    work, field = candidates(cfg) * sum(budgets), "nbest" if cfg.sampling else "beam_size"
+    if work > limits.max_work:
+        raise error(
+            422,
+            f"this request may compute {work} output tokens ('{field}' {candidates(cfg)} x "
+            f"the 'max_len_a'/'max_len_b' budgets of its {len(sentences)} 'sentences', "
+            f"{sum(budgets)} tokens), the limit is {limits.max_work} (serve.py --max-work); "
+            f"lower '{field}' or 'max_len_b', or send fewer sentences",
+        )
+
+
+def candidates(cfg: SearchConfig) -> int:
+    """The hypotheses searched per sentence: the beam, or with sampling the samples."""
+    return cfg.nbest if cfg.sampling else max(cfg.beam_size, cfg.nbest)
 
 
 def job_glossary(
@@ -126,6 +157,7 @@ def job_glossary(
             raise error(400, f"{prefix}'glossary' must be a JSON object of strings, {shape}")
         if any(not _unicode(k) or not _unicode(v) for k, v in value.items()):
             raise error(400, f"{prefix}'glossary' holds a lone surrogate; send valid Unicode")
+        _check_terms_size(value, status, prefix)
         try:
             own = Glossary.from_mapping(value)
         except GlossaryError as e:
@@ -144,6 +176,27 @@ def job_glossary(
         except GlossaryError as e:
             raise error(status, f"{prefix}{e}") from None
     return glossary
+
+
+# A request's glossary: entries, and characters per term. A target term's spellings are
+# searched for in time that grows with the cube of its length: this bound comes first.
+MAX_TERMS = 1024
+MAX_TERM_CHARS = 128
+
+
+def _check_terms_size(value: dict[str, str], status: int, prefix: str) -> None:
+    if len(value) > MAX_TERMS:
+        raise error(
+            status, f"{prefix}'glossary' has {len(value)} entries, the limit is {MAX_TERMS}"
+        )
+    for source, target in value.items():
+        term = max(source, target, key=len)
+        if len(term) > MAX_TERM_CHARS:
+            raise error(
+                status,
+                f"{prefix}the glossary term {term[:20]!r}... has {len(term)} characters, the "
+                f"limit is {MAX_TERM_CHARS}; shorten it",
+            )
 
 
 def form_field(value: Any) -> Any:
@@ -167,11 +220,55 @@ def _unicode(text: str) -> bool:
     return True
 
 
-async def submit(batcher: Batcher, job: Job) -> Any:
+async def submit(batcher: Batcher, job: Job, request: Request | None = None) -> Any:
+    """The job's result from `batcher`. With `request`, a client that goes away first cancels
+    the job (dropped before or between its search steps) and raises `ClientGone`."""
     try:
         future = batcher.submit(job)
     except QueueFull as e:
         raise error(429, f"server busy: {e} (serve.py --max-queue); retry later") from None
     except Closed:
         raise error(503, "the server is shutting down; retry on another server") from None
-    return await asyncio.wrap_future(future)
+    answer = asyncio.wrap_future(future)
+    if request is None:
+        return await answer
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not answer.done():
+        job.gone.set()  # a started job of this process's batcher: stopped between steps
+        answer.cancel()  # cancels `future`: the model process drops or stops the job
+        raise ClientGone
+    return answer.result()
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body has been read: the next message of the
+    connection is its end)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def off_loop(function: Any, *args: Any) -> Any:
+    """`function(*args)` on a worker thread, at most `PREPARERS` at once: parsing, splitting,
+    tokenizing and glossary checks, so that no request's input holds the event loop."""
+    async with _preparers():
+        return await asyncio.to_thread(function, *args)
+
+
+PREPARERS = 4  # requests prepared at once; the others wait their turn
+_limiters: dict[Any, asyncio.Semaphore] = {}
+
+
+def _preparers() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()  # a semaphore belongs to one event loop
+    if loop not in _limiters:
+        _limiters.clear()
+        _limiters[loop] = asyncio.Semaphore(PREPARERS)
+    return _limiters[loop]

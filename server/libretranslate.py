@@ -31,21 +31,31 @@ from starlette.responses import JSONResponse, Response
 from attnmt.data.languages import detect as detect_languages
 from attnmt.data.languages import language_name, same_language
 from attnmt.server.batcher import Job
-from attnmt.server.documents import FORMATS, MAX_FILE_BYTES, FileError, parse_file
+from attnmt.server.documents import (
+    FORMATS,
+    MAX_FILE_BYTES,
+    MAX_UPLOADS,
+    FileError,
+    Parsed,
+    parse_file,
+    safe_name,
+)
 from attnmt.server.handling import (
+    ClientGone,
     check_key,
     check_output_budget,
     count_route,
     error,
     form_field,
     job_glossary,
+    off_loop,
     parse_json,
     read_bytes,
     service_of,
     submit,
 )
 from attnmt.server.html import Document
-from attnmt.server.service import RoutingError, ServedModel, Service
+from attnmt.server.service import Limits, RoutingError, ServedModel, Service
 from attnmt.server.splitting import Texts, check_limits, source_language, split_option
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -63,15 +73,17 @@ class Fields(NamedTuple):
     alternatives: int  # translations besides the best, per text
 
 
-async def read_body(request: Request, max_body: int) -> tuple[dict[str, Any], bool]:
+async def read_body(request: Request, limits: Limits) -> tuple[dict[str, Any], bool]:
     """(the body's fields, whether it was a form). A JSON object, or a form
     (`application/x-www-form-urlencoded` or `multipart/form-data`, as LibreTranslate's
-    clients send) whose repeated `q` fields make a list. A form whose body is a JSON object
-    (what `curl -d '{...}'` sends) is read as JSON."""
-    data = await read_bytes(request, max_body)
+    clients send) whose repeated `q` fields make a list, at most --max-sentences of them
+    besides 16 others. A form whose body is a JSON object (what `curl -d '{...}'` sends) is
+    read as JSON. Parsed on a worker thread."""
+    data = await read_bytes(request, limits.max_body, limits.client_timeout)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in FORMS or (kind == FORMS[0] and data.lstrip()[:1] == b"{"):
-        return _routed_json(parse_json(data)), False
+        return _routed_json(await off_loop(parse_json, data)), False
+    max_fields = limits.max_sentences + 16
     pairs: list[tuple[str, Any]]
     if kind == "multipart/form-data":
 
@@ -79,18 +91,14 @@ async def read_body(request: Request, max_body: int) -> tuple[dict[str, Any], bo
             return {"type": "http.request", "body": data, "more_body": False}
 
         try:
-            async with Request(request.scope, replay).form() as parsed:
+            async with Request(request.scope, replay).form(max_fields=max_fields) as parsed:
                 pairs = [(k, v) for k, v in parsed.multi_items() if isinstance(v, str)]
         except HTTPException as e:
             raise error(400, f"Invalid request: the form cannot be read ({e.detail})") from None
         except Exception as e:  # noqa: BLE001 - python-multipart's own errors
             raise error(400, f"Invalid request: the form cannot be read ({e})") from None
     else:
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise error(400, "Invalid request: the form is not UTF-8") from None
-        pairs = parse_qsl(text, keep_blank_values=True)
+        pairs = await off_loop(_url_form, data, max_fields)
     body: dict[str, Any] = {}
     for key, value in pairs:
         if key == "q" and "q" in body:
@@ -109,10 +117,29 @@ def _routed_json(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONResponse:
+def _url_form(data: bytes, max_fields: int) -> list[tuple[str, str]]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(400, "Invalid request: the form is not UTF-8") from None
+    try:
+        return parse_qsl(text, keep_blank_values=True, max_num_fields=max_fields)
+    except ValueError:
+        raise error(
+            400,
+            f"Invalid request: the form has over {max_fields} fields (serve.py --max-sentences "
+            "q fields and 16 others); send fewer",
+        ) from None
+
+
+async def translate(
+    body: dict[str, Any], form: bool, service: Service, request: Request | None = None
+) -> JSONResponse:
     """LibreTranslate's `/translate` (the body read, its API key checked): its fields,
-    answers and codes (the module docstring)."""
+    answers and codes (the module docstring). The text is checked against the limits
+    before it is parsed, and parsed and split on a worker thread."""
     fields = _fields(body, form, service.limits.max_beam)
+    _check_size(fields.texts, service)
     split = split_option(body, True, 400, "Invalid request: ")
     detected = await _detected(fields.texts, fields.fmt, fields.source, service)
     source = fields.source if detected is None else detected["language"]
@@ -124,32 +151,70 @@ async def translate(body: dict[str, Any], form: bool, service: Service) -> JSONR
     model, langs = routed
     # Each line of a text (format text) or text node (html), split into sentences unless the
     # request says split_sentences: false, is translated; `texts` puts the answer together.
-    texts = Texts(fields.texts, source_language(model.sources, source), split, fields.fmt)
-    check_limits(texts, service.limits, 400, "Invalid request: ")
     cfg = service.defaults_for(model)
     if fields.alternatives:
         n = fields.alternatives + 1
         cfg = replace(cfg, beam_size=max(cfg.beam_size, n), nbest=n)
-    job = Job(cfg, texts.sentences, langs=langs)
     terms = form_field(body.get("glossary")) if form else body.get("glossary")
-    hyps = await _translated(service, model, job, terms)
+    lang = source_language(model.sources, source)
+    texts, job = await off_loop(_text_job, fields, lang, split, cfg, langs, model, service, terms)
+    hyps = await _translated(service, model, job, request)
     return JSONResponse(_answer(fields, texts, hyps, detected))
 
 
-async def _translated(service: Service, model: ServedModel, job: Job, terms: Any) -> list[Any]:
-    """The job's n-best lists from `model`, with the request's glossary (`terms`) over the
-    model's, in LibreTranslate's error codes: 400 over the output budget or for a glossary
-    that cannot be used, 500 a failed translation (429/503 as `submit` says)."""
+def _text_job(
+    fields: Fields,
+    lang: str | None,
+    split: bool,
+    cfg: Any,
+    langs: Any,
+    model: ServedModel,
+    service: Service,
+    terms: Any,
+) -> tuple[Texts, Job]:
+    """(the texts split into sentences, the job), checked: on a worker thread."""
+    texts = Texts(fields.texts, lang, split, fields.fmt)
+    check_limits(texts, service.limits, 400, "Invalid request: ")
+    return texts, _checked_job(service, model, Job(cfg, texts.sentences, langs=langs), terms)
+
+
+def _check_size(texts: list[str], service: Service) -> None:
+    """Texts within --max-sentences of them and --max-sentences times --max-chars characters
+    together (what one request may carry), checked before they are parsed or split."""
+    limits = service.limits
+    most = limits.max_sentences * limits.max_chars
+    size = sum(len(t) for t in texts)
+    if len(texts) > limits.max_sentences or size > most:
+        raise error(
+            400,
+            f"Invalid request: {len(texts)} texts of {size} characters, the limit is "
+            f"{limits.max_sentences} texts of {most} characters (serve.py --max-sentences, "
+            "--max-chars); send less text at a time",
+        )
+
+
+def _checked_job(service: Service, model: ServedModel, job: Job, terms: Any) -> Job:
+    """`job` within the output budget and work limit, with the request's glossary (`terms`)
+    over the model's, in LibreTranslate's codes: 400 over a limit or for a glossary that
+    cannot be used."""
     try:
-        check_output_budget(job.cfg, job.sentences, model, service.limits.max_output_tokens)
+        check_output_budget(job.cfg, job.sentences, model, service.limits)
     except HTTPException as e:
         raise error(400, f"Invalid request: {e.detail}") from None
     invalid = "Invalid request: "
     job.glossary = job_glossary(terms, model, job.cfg, job.sentences, None, job.langs, 400, invalid)
+    return job
+
+
+async def _translated(
+    service: Service, model: ServedModel, job: Job, request: Request | None
+) -> list[Any]:
+    """The checked job's n-best lists from `model` in LibreTranslate's error codes: 500 a
+    failed translation (429/503 as `submit` says)."""
     count_route(service, model, "libretranslate")
     try:
-        return await submit(model.batcher, job) if job.sentences else []
-    except HTTPException:
+        return await submit(model.batcher, job, request) if job.sentences else []
+    except (HTTPException, ClientGone):
         raise
     except Exception as e:  # noqa: BLE001 - LibreTranslate's 500 for a failed translation
         raise error(500, f"Cannot translate text: {type(e).__name__}: {e}") from None
@@ -176,7 +241,7 @@ async def detect(request: Request) -> JSONResponse:
     languages; with none detected, the first with confidence 0 (as LibreTranslate)."""
     service = service_of(request)
     limits = service.limits
-    body, _ = await read_body(request, limits.max_body)
+    body, _ = await read_body(request, limits)
     check_key(body, request, service)
     q = body.get("q")
     if isinstance(q, list) and all(isinstance(t, str) for t in q):
@@ -217,6 +282,7 @@ async def frontend_settings(request: Request) -> JSONResponse:
             "suggestions": False,
             "filesTranslation": True,
             "supportedFilesFormat": list(FORMATS),
+            "limits": service.limits._asdict(),  # ours: what one request may ask for
             "language": {
                 "source": {"code": "auto", "name": "Auto Detect"},
                 "target": {"code": target, "name": language_name(target)},
@@ -227,35 +293,59 @@ async def frontend_settings(request: Request) -> JSONResponse:
 
 async def translate_file(request: Request) -> JSONResponse:
     """LibreTranslate's `POST /translate_file`: a multipart form with `file`, `source` (or
-    `auto`), `target` (and our `glossary`, as JSON text); answers `{"translatedFileUrl": ...}`, where `GET /download_file`
-    serves the translation (`server.documents`). Each paragraph (a .txt line, an HTML text
-    node, a .docx paragraph) is split into sentences; --max-chars bounds a paragraph, and
-    --max-sentences times --max-chars the file's text."""
+    `auto`), `target` (and our `glossary`, as JSON text); answers `{"translatedFileUrl": ...}`,
+    where `GET /download_file` serves the translation (`server.documents`). Each paragraph (a
+    .txt line, an HTML text node, a .docx paragraph) is split into sentences; --max-chars
+    bounds a paragraph, and --max-sentences times --max-chars the file's text. At most
+    `MAX_UPLOADS` files are read and translated at once; beyond, 429."""
     service = service_of(request)
-    form, filename, data = await _read_file_form(request)
+    if service.uploads >= MAX_UPLOADS:
+        raise error(429, f"Slowdown: {MAX_UPLOADS} files are being translated; retry later")
+    service.uploads += 1  # the event loop's thread only: no lock needed
+    try:
+        return await _translate_file(request, service)
+    finally:
+        service.uploads -= 1
+
+
+async def _translate_file(request: Request, service: Service) -> JSONResponse:
+    form, filename, data = await _read_file_form(request, service.limits.client_timeout)
     check_key(form, request, service)
     source, target = _language_fields(form)
+    limits = service.limits
     try:
-        parsed = await asyncio.to_thread(parse_file, filename, data)
+        stored_as = safe_name(filename)
+        parsed = await off_loop(parse_file, filename, data, limits.max_sentences * limits.max_chars)
     except FileError as e:
         raise error(400, f"Invalid request: {e}") from None
+    del data
     detected = await _detected(parsed.texts, parsed.fmt, source, service)
     source = source if detected is None else detected["language"]
     routed = _route(source, target, service)
     translated = parsed.texts  # already in the target language: as it came
     if routed is not None:
         model, langs = routed
-        texts = Texts(parsed.texts, source_language(model.sources, source), True, parsed.fmt)
-        _check_file(texts, service)
-        job = Job(service.defaults_for(model), texts.sentences, langs=langs)
-        hyps = await _translated(service, model, job, form_field(form.get("glossary")))
+        lang = source_language(model.sources, source)
+        terms = form_field(form.get("glossary"))
+        texts, job = await off_loop(_file_job, parsed, lang, langs, model, service, terms)
+        hyps = await _translated(service, model, job, request)
         translated = texts.render([nbest[0][0] for nbest in hyps])
     try:
-        written = await asyncio.to_thread(parsed.write, translated)
+        written = await off_loop(parsed.write, translated)
     except Exception as e:  # noqa: BLE001 - a document python-docx reads but cannot write
         raise error(500, f"Cannot write the translated file: {type(e).__name__}: {e}") from None
-    name = service.files.put(filename, written)
+    name = service.files.put(stored_as, written)
     return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", name=name))})
+
+
+def _file_job(
+    parsed: Parsed, lang: str | None, langs: Any, model: ServedModel, service: Service, terms: Any
+) -> tuple[Texts, Job]:
+    """(a file's texts split into sentences, its job), checked: on a worker thread."""
+    texts = Texts(parsed.texts, lang, True, parsed.fmt)
+    _check_file(texts, service)
+    job = Job(service.defaults_for(model), texts.sentences, langs=langs)
+    return texts, _checked_job(service, model, job, terms)
 
 
 async def download_file(request: Request) -> Response:
@@ -273,7 +363,7 @@ async def download_file(request: Request) -> Response:
     )
 
 
-async def _read_file_form(request: Request) -> tuple[dict[str, Any], str, bytes]:
+async def _read_file_form(request: Request, timeout: float) -> tuple[dict[str, Any], str, bytes]:
     """`/translate_file`'s multipart form: (its text fields, the file's name, its bytes)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "multipart/form-data":
@@ -281,7 +371,7 @@ async def _read_file_form(request: Request) -> tuple[dict[str, Any], str, bytes]
             400,
             "Invalid request: send the file as multipart/form-data (fields file, source, target)",
         )
-    data = await read_bytes(request, MAX_FILE_BYTES)
+    data = await read_bytes(request, MAX_FILE_BYTES, timeout)
 
     async def replay() -> dict[str, Any]:
         return {"type": "http.request", "body": data, "more_body": False}
@@ -391,9 +481,8 @@ async def _detected(
     together, among the served languages); None for a named source."""
     if source != "auto":
         return None
-    sample = "\n".join(" ".join(Document(t).segments) if fmt == "html" else t for t in texts)
     codes = list(service.languages())
-    found = await asyncio.to_thread(detect_languages, sample, codes) if codes else []
+    found = await off_loop(_detect_texts, texts, fmt, codes) if codes else []
     if found:
         return {"confidence": found[0][1], "language": found[0][0]}
     sources = {code for m in service.models for code in m.sources}
@@ -404,6 +493,11 @@ async def _detected(
         "Invalid request: source 'auto': the language identifier knows none of the served "
         f"languages ({', '.join(codes) or 'none named'}); name the source language",
     )
+
+
+def _detect_texts(texts: list[str], fmt: str, codes: list[str]) -> list[tuple[str, float]]:
+    sample = "\n".join(" ".join(Document(t).segments) if fmt == "html" else t for t in texts)
+    return detect_languages(sample, codes)
 
 
 def _answer(

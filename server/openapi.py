@@ -12,16 +12,19 @@ from dataclasses import fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from attnmt.server.documents import FORMATS
+from attnmt.server.handling import MAX_TERM_CHARS, MAX_TERMS
 from attnmt.server.options import INT_RANGE, option_names
 from attnmt.server.service import Limits, ServedModel, Service
 
 # A request's glossary: source term -> target term (empty terms are 422/400: not said here).
 GLOSSARY = {
     "type": "object",
-    "additionalProperties": {"type": "string"},
+    "additionalProperties": {"type": "string", "maxLength": MAX_TERM_CHARS},
+    "maxProperties": MAX_TERMS,
     "nullable": True,
     "description": 'terms the translations must use, {"source term": "target term"}; '
-    "over the model's default glossary (serve.py --glossary), entry by entry",
+    "over the model's default glossary (serve.py --glossary), entry by entry; at most "
+    f"{MAX_TERMS} entries, each term at most {MAX_TERM_CHARS} characters",
 }
 # ... in a form: that object as JSON text
 GLOSSARY_TEXT = {"type": "string", "description": "the glossary, a JSON object as text"}
@@ -33,8 +36,11 @@ ERROR = {
 }
 
 
-def option_schemas(defaults: Any, max_beam: int) -> dict[str, dict[str, Any]]:
-    """One JSON schema per request option (the fields of `type(defaults)`)."""
+def option_schemas(
+    defaults: Any, max_beam: int, max_work: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """One JSON schema per request option (the fields of `type(defaults)`); `nbest` at most
+    `max_work` (the work limit, `x-limits`, bounds it further)."""
     hints = get_type_hints(type(defaults))
     meta = {f.name: f.metadata for f in fields(type(defaults))}
     schemas = {}
@@ -45,6 +51,8 @@ def option_schemas(defaults: Any, max_beam: int) -> dict[str, dict[str, Any]]:
             schema["minimum"] = minimum
         if name == "beam_size":
             schema["maximum"] = max_beam
+        if name == "nbest" and max_work is not None:  # sampled: at least 1 token each
+            schema["maximum"] = max_work
         if name in ("topp", "temperature"):  # SearchConfig's own checks: (0, 1] and > 0
             schema.update(minimum=0, exclusiveMinimum=True)
             if name == "topp":
@@ -79,7 +87,7 @@ def _schema(kind: Any) -> dict[str, Any]:
 def openapi_document(service: Service) -> dict[str, Any]:
     """The document of a server serving `service` (its models, defaults and limits)."""
     limits = service.limits
-    options = option_schemas(service.defaults, limits.max_beam)
+    options = option_schemas(service.defaults, limits.max_beam, limits.max_work)
     ours, attention_request = _our_requests(service.models, limits, options)
     lt_json, lt_form = _libretranslate_requests(service.models, limits)
     return {
@@ -89,6 +97,15 @@ def openapi_document(service: Service) -> dict[str, Any]:
             "version": "1",
             "description": "Translation with attnmt models: our API and LibreTranslate's on "
             "POST /translate (see docs/serving.md).",
+            # the limits no field's schema can state (x-: OpenAPI's extension keys)
+            "x-limits": {
+                **limits._asdict(),
+                "work": "candidates per sentence (beam_size, or nbest when sampling) times the "
+                "sentences' output budgets int(max_len_a * source tokens + max_len_b), summed, "
+                "at most max_work (serve.py --max-work); beyond, 422 (LibreTranslate's: 400)",
+                "client_timeout": "seconds to send a request's headers, then its body: beyond, "
+                "the connection is closed (headers) or answered 408 (body)",
+            },
         },
         "paths": {
             **_post_paths(ours, lt_json, lt_form, attention_request),

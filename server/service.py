@@ -32,6 +32,10 @@ class Limits(NamedTuple):
     max_chars: int  # characters per sentence
     max_beam: int  # beam_size
     max_output_tokens: int  # int(max_len_a * longest source in tokens + max_len_b)
+    # candidates (beam_size, or nbest samples) x the output budgets of the request's
+    # sentences, summed: the most output tokens its search may compute
+    max_work: int = 32768
+    client_timeout: float = 30.0  # seconds to send a request's headers, and its body
 
     @property
     def max_body(self) -> int:
@@ -59,6 +63,8 @@ class ServedModel:
     # check_terms(cfg, sentences, prefixes, glossary, langs): raises the `GlossaryError` that
     # translating would (a term over its sentence's output budget); None: no check.
     check_terms: Callable[..., None] | None = None
+    # each sentence's length in source tokens (the work limit); None: all as the longest
+    token_counts: Callable[[list[str]], list[int]] | None = None
 
     @property
     def multilingual(self) -> bool:
@@ -86,6 +92,7 @@ class Service:
     in_flight: int = 0  # /translate and /attention requests received and not yet answered
     answered: int = 0  # ... answered (with a result or an error)
     cancelled: int = 0  # ... dropped unanswered (shutdown timeout, client gone)
+    uploads: int = 0  # /translate_file requests being read or translated
     metrics: Metrics | None = None  # set by `create_app`
     files: FileStore = field(default_factory=FileStore)  # translated files to download
     _languages: dict[str, tuple[str, list[str]]] | None = field(default=None, repr=False)

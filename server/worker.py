@@ -14,7 +14,8 @@ Messages, pickled over one duplex pipe:
 
 Invariants: every submitted job's future gets its result or exception exactly once (also when
 the child dies: then a `RuntimeError`); a cancel reaches a job the child has not started, which
-is then dropped without a model call (as `Batcher`'s); `close` lets the child answer every job
+is then dropped without a model call, or one it has, which is then marked `gone` (as
+`Batcher`'s); `close` lets the child answer every job
 it has, then joins it. The child ignores SIGINT and SIGTERM (Ctrl-C reaches the whole process
 group): it stops when the parent closes it or its pipe ends.
 """
@@ -36,6 +37,9 @@ from attnmt.common.errors import UserError
 from attnmt.server.batcher import Batcher, Closed, Job, QueueFull
 
 logger = logging.getLogger(__name__)
+
+# Job fields that stay in their process (not sent to the child): the last ones.
+LOCAL = ("future", "gone")
 
 # make_batcher(record) -> (the Batcher, facts for the parent); `record(*figures)` forwards a
 # batch's metrics. Called in the child; must be a module-level function (pickled by name).
@@ -126,7 +130,7 @@ class ModelProcess:
 
     def submit(self, job: Job) -> Future:
         """Send `job`; its future gets the result list (or the attention, or the exception)."""
-        fields = tuple(getattr(job, f.name) for f in dataclasses.fields(job) if f.name != "future")
+        fields = tuple(getattr(job, f.name) for f in dataclasses.fields(job) if f.name not in LOCAL)
         with self._lock:
             if self._closing:
                 raise Closed("the server is shutting down")
@@ -221,8 +225,8 @@ def serve_jobs(conn: Any, make_batcher: MakeBatcher, args: tuple) -> None:
                 break
             if message[0] == "cancel":
                 job = jobs.get(message[1])
-                if job is not None:
-                    job.future.cancel()  # False once the model thread has started it
+                if job is not None and not job.future.cancel():  # started: stop between steps
+                    job.gone.set()
                 continue
             _, job_id, fields = message
             job = Job(*fields)

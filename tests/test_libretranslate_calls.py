@@ -171,6 +171,14 @@ def test_frontend_settings(server: str) -> None:
         "suggestions": False,
         "filesTranslation": True,
         "supportedFilesFormat": [".txt", ".html", ".docx"],
+        "limits": {  # serve.py's flags of these names
+            "max_sentences": 8,
+            "max_chars": 200,
+            "max_beam": 4,
+            "max_output_tokens": 1024,
+            "max_work": 32768,
+            "client_timeout": 30.0,
+        },
         "language": {
             "source": {"code": "auto", "name": "Auto Detect"},
             "target": {"code": "de", "name": "German"},

@@ -136,3 +136,47 @@ def test_a_dead_model_process_fails_its_jobs_and_refuses_new_ones(tmp_path: Path
         assert time.monotonic() < deadline
         time.sleep(0.05)
     worker.close()
+
+
+class EndlessStream:
+    """A greedy stream that never finishes (a decode to a huge budget); logs its steps."""
+
+    def __init__(self, log: str) -> None:
+        self.log, self.sentences = log, 0
+
+    def add(self, sentences: list[str]) -> int:
+        self.sentences += len(sentences)
+        return 0
+
+    def step(self) -> list:
+        Path(self.log).touch()  # stepping
+        time.sleep(0.01)
+        return []
+
+
+def endless_batcher(record, log: str) -> tuple[Batcher, dict]:  # noqa: ANN001
+    """In the child: greedy jobs go into an endless stream; beam jobs upper-case."""
+    translate = fake_batcher(record, log + ".calls")[0]._translate
+
+    def open_stream(cfg: SearchConfig, langs: tuple) -> EndlessStream | None:
+        return EndlessStream(log) if cfg.beam_size == 1 else None
+
+    batcher = Batcher(translate, lambda *a: None, 8, 0.0, 16, open_stream=open_stream)
+    return batcher, {"pid": os.getpid()}
+
+
+def test_a_started_job_whose_client_left_is_stopped_between_steps(tmp_path: Path) -> None:
+    """Cancelling the parent's future of a job the child is decoding stops its stream at the
+    next step: the model process drops the work and serves the next job (was: the stream
+    ran on, and every later job waited behind it)."""
+    log = tmp_path / "steps"
+    worker = ModelProcess(endless_batcher, (str(log),), 16)
+    endless = worker.submit(Job(GREEDY, ["forever"]))
+    deadline = time.monotonic() + 30
+    while not log.exists():  # started: the stream steps
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert endless.cancel()  # the client left
+    after = worker.submit(Job(BEAM, ["next"]))
+    assert after.result(timeout=30) == [[("NEXT", -1.0)]]
+    worker.close()
