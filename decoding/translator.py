@@ -110,7 +110,7 @@ class Translator:
         self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
         self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
         self._term_ids: dict[tuple[int, str], list[list[int]]] = {}  # (tokenizer, term): variants
-        self._pieces: dict[int, tuple[Tensor, Tensor]] = {}  # tokenizer: `piece_classes`
+        self._pieces: dict[int, lexical.Pieces] = {}  # tokenizer: `piece_classes`
         self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
     def translate(
@@ -418,7 +418,11 @@ class Translator:
             key = id(self.tokenizer)
             if key not in self._pieces:
                 self._pieces[key] = lexical.piece_classes(self.tokenizer, special.bos)
-            cons = lexical.constraint_set(terms, *self._pieces[key], self.device)
+            pieces = self._pieces[key]
+            limits = lexical.final_marks(batch, pieces.src_final)
+            cons = lexical.constraint_set(
+                terms, pieces.glued, pieces.opener, self.device, pieces.final, limits
+            )
         search = greedy_search if cfg.beam_size == 1 else beam_search
         return search(self.model, src, special, cfg, prefix, given, cons).hypotheses
 
