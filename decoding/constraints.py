@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnmt.data.tokenizer import Tokenizer
+from attnmt.decoding.alignment import WORD_START, word_ids
 
 # Contexts a target term is encoded in to find its segmentations (`term_variants`).
 _CONTEXTS = ("{}", "{}.", "{},", "({})", '"{}"')
@@ -359,3 +360,48 @@ def allocate(scores: Tensor, banks: Tensor, n_keep: int, n_banks: int) -> Tensor
     key = key.masked_fill(scores.gather(1, by_score).isneginf(), scores.size(1) * n_banks)
     order = key.topk(min(n_keep, key.size(1)), dim=1, largest=False).indices  # keys unique
     return by_score.gather(1, order)
+
+
+# ------------------------------------------------------------------------- usual translations
+
+
+def _word_texts(pieces: list[str]) -> list[str]:
+    """The words of a piece sequence (`decoding.alignment.word_ids`), as text."""
+    words: list[str] = []
+    for piece, index in zip(pieces, word_ids(pieces), strict=True):
+        if index == len(words):
+            words.append("")
+        words[index] += piece.replace(WORD_START, "")
+    return words
+
+
+def _bare(word: str) -> str:
+    return re.sub(r"^[^\w]+|[^\w]+$", "", word)
+
+
+def salient_words(
+    tgt_pieces: list[str], with_term: list[float], without_term: list[float], drop: float
+) -> set[str]:
+    """The word of a translation (punctuation stripped) whose log-probability falls most once
+    the source term is deleted from the source, if it falls by at least `drop`: the term's
+    translation (one word: the words that only agree with it, such as its article, fall less).
+
+    `with_term`, `without_term`: the log-probability of each piece of the translation under
+    the source with and without the term (teacher-forced)."""
+    words = _word_texts(tgt_pieces)
+    fall = [0.0] * len(words)
+    for index, a, b in zip(word_ids(tgt_pieces), with_term, without_term, strict=False):
+        fall[index] += a - b
+    if not words or max(fall) < drop:
+        return set()
+    return {_bare(words[fall.index(max(fall))])} - {""}
+
+
+def usual_words(found: list[set[str]]) -> list[str]:
+    """The words found in at least half of the sentences sampled (and longer than one
+    character): a source term's usual translation."""
+    counts: dict[str, int] = {}
+    for words in found:
+        for w in words:
+            counts[w] = counts.get(w, 0) + 1
+    return sorted(w for w, n in counts.items() if 2 * n >= len(found) and len(w) > 1)
