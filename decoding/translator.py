@@ -113,7 +113,8 @@ class Translator:
         self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
         self._term_ids: dict[tuple[int, str], list[list[int]]] = {}  # (tokenizer, term): variants
         self._pieces: dict[int, lexical.Pieces] = {}  # tokenizer: `piece_classes`
-        self._usual: dict[tuple[int, str], list[str]] = {}  # (tokenizer, source term): words
+        # (tokenizer, source term): the salient words of each sentence sampled so far
+        self._usual: dict[tuple[int, str], list[set[str]]] = {}
         self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
     def translate(
@@ -261,8 +262,8 @@ class Translator:
         sentences: list[str],
         src_ids: list[list[int]],
     ) -> None:
-        """Learn, once per source term, the words the model writes for it without a glossary:
-        in the greedy translations of up to `USUAL_SAMPLE` sentences of these that hold it,
+        """Learn the words the model writes for each source term without a glossary, from the
+        first `USUAL_SAMPLE` sentences that hold it (over calls): in their greedy translations,
         the words whose log-probability falls by `USUAL_DROP` or more once the term is deleted
         from the source, in at least half of them (`decoding.constraints.usual_words`)."""
         glossaries = glossary if isinstance(glossary, list) else [glossary] * len(sentences)
@@ -270,8 +271,10 @@ class Translator:
         for i, (sentence, own) in enumerate(zip(sentences, glossaries, strict=True)):
             for term in own.find(sentence) if own is not None and src_ids[i] else []:
                 key = (id(tokenizer), term.source.casefold())
-                if key not in self._usual and len(sample.setdefault(key, [])) < USUAL_SAMPLE:
+                seen = len(self._usual.get(key, [])) + len(sample.setdefault(key, []))
+                if seen < USUAL_SAMPLE:
                     sample[key].append(i)
+        sample = {key: picked for key, picked in sample.items() if picked}
         if not sample:
             return
         if len(self._usual) > 100_000:  # per-request glossaries: stay bounded
@@ -299,7 +302,7 @@ class Translator:
                 )
             )
         for key, words in found.items():
-            self._usual[key] = lexical.usual_words(words)
+            self._usual.setdefault(key, []).extend(words)
 
     def _greedy_ids(self, src_ids: list[list[int]], given: list[int]) -> list[list[int]]:
         """The greedy translation of each source, without terms, as target ids (no `given`)."""
@@ -333,7 +336,7 @@ class Translator:
             for term, variants in zip(held, terms[i], strict=True):
                 if (term.source, term.target) not in done:
                     source, target = term.source.casefold(), term.target.casefold()
-                    words = set(self._usual.get((id(tokenizer), source), []))
+                    words = set(lexical.usual_words(self._usual.get((id(tokenizer), source), [])))
                     words = {w for w in words if w.casefold() not in target}
                     words = {w for w in words if target not in w.casefold()}
                     avoid = [v for w in sorted(words) for v in lexical.term_variants(tokenizer, w)]

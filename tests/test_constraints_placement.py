@@ -117,10 +117,11 @@ def test_a_sentence_holds_the_term_instead_of_the_usual_word(
     glossary = Glossary.from_mapping({"man": "Hund"})
     sentence = "A man rides a bike."
     translator = Translator(Engine(model), tokenizer, SearchConfig(beam_size=3))
-    translator._usual[(id(tokenizer), "man")] = []  # nothing learnt: nothing avoided
+    key = (id(tokenizer), "man")
+    translator._usual[key] = [set()] * 8  # a full sample, no salient word: nothing avoided
     before = translator.translate([sentence], glossary=glossary)[0]
     usual = next(w for w in before.split() if w.isalpha() and len(w) > 1 and w != "Hund")
-    translator._usual[(id(tokenizer), "man")] = [usual]
+    translator._usual[key] = [{usual}] * 8
     after = translator.translate([sentence], glossary=glossary)[0]
     assert uses_term(before, usual) and not uses_term(after, usual), (before, after)
     assert uses_term(after, "Hund")
