@@ -127,7 +127,7 @@ class ConstraintSet(NamedTuple):
     lens: Tensor  # (B, M) long: tokens per variant; 0 = no variant
     attached: Tensor  # (B, M) bool: the variant's first piece is glued (no "▁")
     groups: Tensor  # (B, M, G) float: one-hot, the term each variant spells
-    sizes: Tensor  # (B, G) long: tokens of each term's shortest variant; 0 = no term
+    sizes: Tensor  # (B, G) long: tokens of each term's longest variant; 0 = no term
     limits: Tensor  # (B,) long: the rank of the final mark that ends the sentence
     avoid_head: Tensor  # (B, A, P) long: avoided sequences but their last token,
     #   right-aligned, -1 = any token (left of a shorter sequence)
@@ -201,7 +201,7 @@ def constraint_set(
     for b, sentence in enumerate(terms):
         m = 0
         for g, variants in enumerate(sentence):
-            sizes[b, g] = min(len(v) for v in variants)
+            sizes[b, g] = max(len(v) for v in variants)
             for v in variants:
                 seqs[b, m, : len(v)] = torch.tensor(v)
                 lens[b, m], groups[b, m, g], attached[b, m] = len(v), 1.0, bool(glued[v[0]])
@@ -296,7 +296,7 @@ def extra_candidates(
 ) -> tuple[Tensor, Tensor]:
     """Per row, the next token of every variant of an unmet term, with its log-probability;
     -inf where the variant is padding, its term met, the token already among the row's `top`
-    tokens or an earlier variant's, or an attached variant would start after a word.
+    tokens or an earlier valid variant's, or an attached variant would start after a word.
 
     Shape: lprobs (N, V), top (N, n), last (N,) -> (N, M) float, (N, M) long.
     """
@@ -309,7 +309,10 @@ def extra_candidates(
     ok &= ~nxt.unsqueeze(2).eq(top.unsqueeze(1)).any(dim=2)  # proposed already
     M = nxt.size(1)
     earlier = torch.ones(M, M, dtype=torch.bool, device=nxt.device).tril(-1)  # (M, M)
-    ok &= ~(nxt.unsqueeze(2).eq(nxt.unsqueeze(1)) & earlier).any(dim=2)
+    # a token another variant proposes already; only a proposing one counts (a met term's
+    # variant proposes nothing, so it hides no token of an unmet one)
+    same = nxt.unsqueeze(2).eq(nxt.unsqueeze(1)) & earlier & ok.unsqueeze(1)  # (N, M, M)
+    ok &= ~same.any(dim=2)
     token = nxt.clamp(min=0)
     return lprobs.gather(1, token).masked_fill(~ok, float("-inf")), token
 

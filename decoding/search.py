@@ -184,7 +184,7 @@ def _start(
     max_len = max_lengths(src_ids, special, cfg.max_len_a, cfg.max_len_b)  # (B,)
     if prefix is not None:  # the budget holds at least the prefix
         max_len = torch.maximum(max_len, prefix.ge(0).sum(dim=1))
-    if constraints is not None:  # and every term, each in its shortest variant
+    if constraints is not None:  # and every term, each in its longest variant
         max_len = torch.maximum(max_len, constraints.sizes.sum(dim=1))
     if copies > 1:  # (B * copies, ...): the encoder still ran once per sentence
         memory, src_mask, max_len = (

@@ -125,3 +125,31 @@ def test_a_sentence_holds_the_term_instead_of_the_usual_word(
     after = translator.translate([sentence], glossary=glossary)[0]
     assert uses_term(before, usual) and not uses_term(after, usual), (before, after)
     assert uses_term(after, "Hund")
+
+
+def test_a_met_term_hides_no_first_token_of_an_unmet_one() -> None:
+    """Two terms whose word-start variants begin with the same piece ("▁"): once the first
+    is met, the second's first piece is still proposed."""
+    cons = _set([[[[4, 6]], [[4, 7, 11]]]])
+    state, last = lexical.initial_state(cons), torch.tensor([SPECIAL.bos])
+    for token in (4, 6):  # the first term
+        new, _ = lexical.advance(cons, state, torch.tensor([[token]]), last)
+        state, last = new[:, 0], torch.tensor([token])
+    extra, tokens = lexical.extra_candidates(
+        cons, state, torch.zeros(1, V), torch.tensor([[13]]), last
+    )
+    assert 4 in tokens[extra.isfinite()].tolist()
+
+
+def test_every_token_of_the_longest_variant_raises_the_bank() -> None:
+    """A term spelt with "▁" (3 pieces) or without (2): each piece matched of the longer
+    spelling is a fuller bank, so a hypothesis a piece further on is never beaten by one
+    behind it in the same bank."""
+    cons = _set([[[[4, 7, 11], [7, 11]]]])
+    state, last = lexical.initial_state(cons), torch.tensor([WORD])
+    banks = []
+    for token in (4, 7, 11):
+        new, bank = lexical.advance(cons, state, torch.tensor([[token]]), last)
+        state, last = new[:, 0], torch.tensor([token])
+        banks.append(int(bank[0, 0]))
+    assert banks == [1, 2, 3]
