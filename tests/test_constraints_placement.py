@@ -153,3 +153,15 @@ def test_every_token_of_the_longest_variant_raises_the_bank() -> None:
         state, last = new[:, 0], torch.tensor([token])
         banks.append(int(bank[0, 0]))
     assert banks == [1, 2, 3]
+
+
+def test_the_measures_see_glued_terms_and_terms_after_the_final_mark() -> None:
+    from attnmt.evaluation.terms import placement, window_overlap
+
+    src = "A man rides a bike."
+    assert placement(src, "Ein Mann fährt Fahrrad.Velo-Shirt.", "Velo") == (True, True, True)
+    assert placement(src, "Ein Mann fährt (Velo).", "Velo") == (True, False, False)
+    assert placement(src, "Ein Mann fährt Velos.", "Velo") == (False, True, False)
+    ref = "Ein Mann fährt ein Velo im Park."
+    assert window_overlap(ref, "Ein Mann fährt ein Velo.", "Velo", 2) == 0.5  # "fährt ein"
+    assert window_overlap(ref, "Ein Mann fährt.", "Velo", 2) == 0.0
