@@ -184,7 +184,7 @@ def _start(
     max_len = max_lengths(src_ids, special, cfg.max_len_a, cfg.max_len_b)  # (B,)
     if prefix is not None:  # the budget holds at least the prefix
         max_len = torch.maximum(max_len, prefix.ge(0).sum(dim=1))
-    if constraints is not None:  # and every term, each in its shortest variant
+    if constraints is not None:  # and every term, each in its longest variant
         max_len = torch.maximum(max_len, constraints.sizes.sum(dim=1))
     if copies > 1:  # (B * copies, ...): the encoder still ran once per sentence
         memory, src_mask, max_len = (
@@ -668,8 +668,9 @@ def _constrained_candidates(
     beam_size: int,
 ) -> Candidates:
     """`top_candidates` under constraints (`decoding.constraints`): each row proposes its top
-    2K tokens plus the next token of each unmet term variant; EOS waits until every term is met;
-    the 2K candidates kept are in dynamic beam allocation's order, with their new state."""
+    2K tokens plus the next token of each unmet term variant; EOS and the sentence's last final
+    mark wait until every term is met; no row writes a term's avoided (usual) translation; the
+    2K candidates kept are in dynamic beam allocation's order, with their new state."""
     assert batch.constraints is not None and beams.state is not None
     B, k = beams.scores.shape
     cons = batch.constraints.rows(B * k)
@@ -679,6 +680,8 @@ def _constrained_candidates(
         no_eos_rows = lexical.unmet(cons, beams.state) | no_eos  # (N,)
         lprobs, eos_lprob = _log_probs(logits, special, no_eos_rows)  # (N, V)
         lprobs = lexical.mask_glued(cons, beams.state, lprobs)
+        lprobs = lexical.mask_final(cons, beams.state, lprobs)
+        lprobs = lexical.mask_usual(cons, beams.tokens, lprobs)
         top, tokens = topk(lprobs, min(2 * beam_size, lprobs.size(-1)))  # (N, n)
         extra, extra_tokens = lexical.extra_candidates(cons, beams.state, lprobs, tokens, last)
         top, tokens = torch.cat([top, extra], dim=1), torch.cat([tokens, extra_tokens], dim=1)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -110,7 +112,9 @@ class Translator:
         self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
         self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
         self._term_ids: dict[tuple[int, str], list[list[int]]] = {}  # (tokenizer, term): variants
-        self._pieces: dict[int, tuple[Tensor, Tensor]] = {}  # tokenizer: `piece_classes`
+        self._pieces: dict[int, lexical.Pieces] = {}  # tokenizer: `piece_classes`
+        # (tokenizer, source term): the salient words of each sentence sampled so far
+        self._usual: dict[tuple[int, str], list[set[str]]] = {}
         self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
     def translate(
@@ -161,6 +165,9 @@ class Translator:
         encoded = self._encode(sentences, prefixes, src_lang, tgt_lang)
         tokenizer, src_ids, prefix_ids, given = encoded
         terms = self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
+        if terms is not None:
+            self._learn_usual(tokenizer, glossary, sentences, src_ids)
+            terms = self._avoiding(tokenizer, glossary, sentences, src_ids, terms)
         hypotheses = self.search_ids(src_ids, progress, prefix_ids, len(given), terms)
         for nbest in hypotheses:  # the language token is not part of the translation
             for i, hyp in enumerate(nbest):
@@ -246,6 +253,95 @@ class Translator:
                         f"holds {term.source!r}; shorten the term or raise max_len_a/max_len_b"
                     )
             found.append(variants)
+        return found
+
+    def _learn_usual(
+        self,
+        tokenizer: Tokenizer,
+        glossary: Glossary | list[Glossary | None],
+        sentences: list[str],
+        src_ids: list[list[int]],
+    ) -> None:
+        """Learn the words the model writes for each source term without a glossary, from the
+        first `USUAL_SAMPLE` sentences that hold it (over calls): in their greedy translations,
+        the words whose log-probability falls by `USUAL_DROP` or more once the term is deleted
+        from the source, in at least half of them (`decoding.constraints.usual_words`)."""
+        glossaries = glossary if isinstance(glossary, list) else [glossary] * len(sentences)
+        sample: dict[tuple[int, str], list[int]] = {}
+        for i, (sentence, own) in enumerate(zip(sentences, glossaries, strict=True)):
+            for term in own.find(sentence) if own is not None and src_ids[i] else []:
+                key = (id(tokenizer), term.source.casefold())
+                seen = len(self._usual.get(key, [])) + len(sample.setdefault(key, []))
+                if seen < USUAL_SAMPLE:
+                    sample[key].append(i)
+        sample = {key: picked for key, picked in sample.items() if picked}
+        if not sample:
+            return
+        if len(self._usual) > 100_000:  # per-request glossaries: stay bounded
+            self._usual.clear()
+        rows = sorted({i for picked in sample.values() for i in picked})
+        sources = [src_ids[i] for i in rows]
+        given = tokenizer.target_prefix()
+        outputs = dict(zip(rows, self._greedy_ids(sources, given), strict=True))
+        pairs = [(key, i) for key, picked in sample.items() for i in picked]
+        held = self.score_ids(sources, [given + outputs[i] for i in rows], len(given))
+        scored = dict(zip(rows, held, strict=True))
+        deleted = [_without(sentences[i], key[1]) for key, i in pairs]
+        lacking = self.score_ids(
+            tokenizer.encode_src(deleted), [given + outputs[i] for _, i in pairs], len(given)
+        )
+        found: dict[tuple[int, str], list[set[str]]] = {key: [] for key in sample}
+        for (key, i), without in zip(pairs, lacking, strict=True):
+            n = len(outputs[i])
+            found[key].append(
+                lexical.salient_words(
+                    tokenizer.tgt_pieces(outputs[i]),
+                    scored[i].token_log_probs[len(given) : len(given) + n],
+                    without.token_log_probs[len(given) : len(given) + n],
+                    USUAL_DROP,
+                )
+            )
+        for key, words in found.items():
+            self._usual.setdefault(key, []).extend(words)
+
+    def _greedy_ids(self, src_ids: list[list[int]], given: list[int]) -> list[list[int]]:
+        """The greedy translation of each source, without terms, as target ids (no `given`)."""
+        cfg = replace(self.search_cfg, beam_size=1, nbest=1, sampling=False)
+        special, outputs = self.tokenizer.special, []
+        with self._eval_mode():
+            for start in range(0, len(src_ids), cfg.batch_size):
+                chunk = src_ids[start : start + cfg.batch_size]
+                src = encode_source_batch(chunk, special).to(self.device)
+                prefix = prefix_tensor([given] * len(chunk), self.device) if given else None
+                found = greedy_search(self.model, src, special, cfg, prefix, len(given))
+                outputs += [nbest[0].tokens[len(given) :] for nbest in found.hypotheses]
+        return outputs
+
+    def _avoiding(
+        self,
+        tokenizer: Tokenizer,
+        glossary: Glossary | list[Glossary | None],
+        sentences: list[str],
+        src_ids: list[list[int]],
+        terms: list[list[list[list[int]]]],
+    ) -> list[list[list[list[int]]]]:
+        """`terms` with each term's usual words to avoid (`lexical.TermIds`): the learnt usual
+        words of its source term, but none the target term holds or that holds it (a usual
+        glossary's term is never avoided)."""
+        glossaries = glossary if isinstance(glossary, list) else [glossary] * len(sentences)
+        done: dict[tuple[str, str], lexical.TermIds] = {}
+        found = []
+        for i, (sentence, own) in enumerate(zip(sentences, glossaries, strict=True)):
+            held = own.find(sentence) if own is not None and src_ids[i] else []
+            for term, variants in zip(held, terms[i], strict=True):
+                if (term.source, term.target) not in done:
+                    source, target = term.source.casefold(), term.target.casefold()
+                    words = set(lexical.usual_words(self._usual.get((id(tokenizer), source), [])))
+                    words = {w for w in words if w.casefold() not in target}
+                    words = {w for w in words if target not in w.casefold()}
+                    avoid = [v for w in sorted(words) for v in lexical.term_variants(tokenizer, w)]
+                    done[(term.source, term.target)] = lexical.TermIds(variants, avoid)
+            found.append([done[(t.source, t.target)] for t in held])
         return found
 
     def search_ids(
@@ -418,7 +514,11 @@ class Translator:
             key = id(self.tokenizer)
             if key not in self._pieces:
                 self._pieces[key] = lexical.piece_classes(self.tokenizer, special.bos)
-            cons = lexical.constraint_set(terms, *self._pieces[key], self.device)
+            pieces = self._pieces[key]
+            limits = lexical.final_marks(batch, pieces.src_final)
+            cons = lexical.constraint_set(
+                terms, pieces.glued, pieces.opener, self.device, pieces.final, limits
+            )
         search = greedy_search if cfg.beam_size == 1 else beam_search
         return search(self.model, src, special, cfg, prefix, given, cons).hypotheses
 
@@ -505,6 +605,19 @@ class Translator:
             yield
         finally:
             self.model.train(was_training)
+
+
+# Sentences per source term whose unconstrained greedy translations say its usual words, and
+# how far (nats) a word's log-probability must fall once the term is deleted from the source.
+USUAL_SAMPLE = 8
+USUAL_DROP = 2.0
+
+
+def _without(sentence: str, source: str) -> str:
+    """`sentence` with the source term `source` (whole words, any case) deleted."""
+    pattern = r"\s+".join(map(re.escape, source.split()))
+    kept = re.sub(rf"(?<!\w){pattern}(?!\w)", " ", sentence, flags=re.IGNORECASE)
+    return " ".join(kept.split())
 
 
 def length_sorted_batches(src_ids: list[list[int]], batch_size: int) -> list[list[int]]:
