@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for beam in (1, 5):
         translator.search_cfg = SearchConfig(beam_size=beam)
-        translator.translate(sources[:8], glossary=glossaries["unusual"])  # warm-up
+        translator.translate(sources[:8], glossary=glossaries["unusual"])  # kernels warmed
         for name, glossary in glossaries.items():
             start = time.perf_counter()
             outs = translator.translate(sources, glossary=glossary)

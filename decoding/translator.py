@@ -113,8 +113,6 @@ class Translator:
         self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
         self._term_ids: dict[tuple[int, str], list[list[int]]] = {}  # (tokenizer, term): variants
         self._pieces: dict[int, lexical.Pieces] = {}  # tokenizer: `piece_classes`
-        # (tokenizer, source term): the salient words of each sentence sampled so far
-        self._usual: dict[tuple[int, str], list[set[str]]] = {}
         self.generator = torch.Generator(self.device).manual_seed(self.search_cfg.seed)
 
     def translate(
@@ -166,8 +164,8 @@ class Translator:
         tokenizer, src_ids, prefix_ids, given = encoded
         terms = self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
         if terms is not None:
-            self._learn_usual(tokenizer, glossary, sentences, src_ids)
-            terms = self._avoiding(tokenizer, glossary, sentences, src_ids, terms)
+            usual = self._learn_usual(tokenizer, glossary, sentences, src_ids)
+            terms = self._avoiding(tokenizer, glossary, sentences, src_ids, terms, usual)
         hypotheses = self.search_ids(src_ids, progress, prefix_ids, len(given), terms)
         for nbest in hypotheses:  # the language token is not part of the translation
             for i, hyp in enumerate(nbest):
@@ -261,24 +259,23 @@ class Translator:
         glossary: Glossary | list[Glossary | None],
         sentences: list[str],
         src_ids: list[list[int]],
-    ) -> None:
-        """Learn the words the model writes for each source term without a glossary, from the
-        first `USUAL_SAMPLE` sentences that hold it (over calls): in their greedy translations,
+    ) -> dict[tuple[int, str], list[set[str]]]:
+        """The words the model writes for each source term without a glossary, learnt from the
+        first `USUAL_SAMPLE` sentences of this call that hold it (never from another call, so
+        one request's text never changes another's answer): in their greedy translations,
         the words whose log-probability falls by `USUAL_DROP` or more once the term is deleted
         from the source, in at least half of them (`decoding.constraints.usual_words`)."""
         glossaries = glossary if isinstance(glossary, list) else [glossary] * len(sentences)
+        usual: dict[tuple[int, str], list[set[str]]] = {}
         sample: dict[tuple[int, str], list[int]] = {}
         for i, (sentence, own) in enumerate(zip(sentences, glossaries, strict=True)):
             for term in own.find(sentence) if own is not None and src_ids[i] else []:
                 key = (id(tokenizer), term.source.casefold())
-                seen = len(self._usual.get(key, [])) + len(sample.setdefault(key, []))
-                if seen < USUAL_SAMPLE:
+                if len(sample.setdefault(key, [])) < USUAL_SAMPLE:
                     sample[key].append(i)
         sample = {key: picked for key, picked in sample.items() if picked}
         if not sample:
-            return
-        if len(self._usual) > 100_000:  # per-request glossaries: stay bounded
-            self._usual.clear()
+            return usual
         rows = sorted({i for picked in sample.values() for i in picked})
         sources = [src_ids[i] for i in rows]
         given = tokenizer.target_prefix()
@@ -301,8 +298,7 @@ class Translator:
                     USUAL_DROP,
                 )
             )
-        for key, words in found.items():
-            self._usual.setdefault(key, []).extend(words)
+        return found
 
     def _greedy_ids(self, src_ids: list[list[int]], given: list[int]) -> list[list[int]]:
         """The greedy translation of each source, without terms, as target ids (no `given`)."""
@@ -324,6 +320,7 @@ class Translator:
         sentences: list[str],
         src_ids: list[list[int]],
         terms: list[list[list[list[int]]]],
+        usual: dict[tuple[int, str], list[set[str]]],
     ) -> list[list[list[list[int]]]]:
         """`terms` with each term's usual words to avoid (`lexical.TermIds`): the learnt usual
         words of its source term, but none the target term holds or that holds it (a usual
@@ -336,7 +333,7 @@ class Translator:
             for term, variants in zip(held, terms[i], strict=True):
                 if (term.source, term.target) not in done:
                     source, target = term.source.casefold(), term.target.casefold()
-                    words = set(lexical.usual_words(self._usual.get((id(tokenizer), source), [])))
+                    words = set(lexical.usual_words(usual.get((id(tokenizer), source), [])))
                     words = {w for w in words if w.casefold() not in target}
                     words = {w for w in words if target not in w.casefold()}
                     avoid = [v for w in sorted(words) for v in lexical.term_variants(tokenizer, w)]

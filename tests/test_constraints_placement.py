@@ -4,6 +4,7 @@ translation rather than beside it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from attnmt.data.tokenizer import Tokenizer
@@ -111,6 +112,7 @@ def test_salient_words_are_those_the_source_term_makes_likely() -> None:
 def test_a_sentence_holds_the_term_instead_of_the_usual_word(
     model,  # noqa: ANN001
     tokenizer: Tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Whatever word the search wrote beside the term is left out once it is the source
     term's usual translation."""
@@ -118,10 +120,11 @@ def test_a_sentence_holds_the_term_instead_of_the_usual_word(
     sentence = "A man rides a bike."
     translator = Translator(Engine(model), tokenizer, SearchConfig(beam_size=3))
     key = (id(tokenizer), "man")
-    translator._usual[key] = [set()] * 8  # a full sample, no salient word: nothing avoided
+    learnt = {key: [set()] * 8}  # a full sample, no salient word: nothing avoided
+    monkeypatch.setattr(translator, "_learn_usual", lambda *args: learnt)
     before = translator.translate([sentence], glossary=glossary)[0]
     usual = next(w for w in before.split() if w.isalpha() and len(w) > 1 and w != "Hund")
-    translator._usual[key] = [{usual}] * 8
+    learnt[key] = [{usual}] * 8
     after = translator.translate([sentence], glossary=glossary)[0]
     assert uses_term(before, usual) and not uses_term(after, usual), (before, after)
     assert uses_term(after, "Hund")
@@ -165,3 +168,36 @@ def test_the_measures_see_glued_terms_and_terms_after_the_final_mark() -> None:
     ref = "Ein Mann fährt ein Velo im Park."
     assert window_overlap(ref, "Ein Mann fährt ein Velo.", "Velo", 2) == 0.5  # "fährt ein"
     assert window_overlap(ref, "Ein Mann fährt.", "Velo", 2) == 0.0
+
+
+def test_what_a_call_learns_never_changes_another_calls_answer(
+    model,  # noqa: ANN001
+    tokenizer: Tokenizer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The usual words are learnt from a call's own sentences: what a request's search is told
+    to avoid, and so its answer, is the same on a fresh translator and after other requests (no
+    text of one user reaches another's)."""
+
+    def every_word(pieces: list[str], *_: object) -> set[str]:  # each output word is "usual"
+        return set(lexical._word_texts(pieces)) - {""}
+
+    monkeypatch.setattr(lexical, "salient_words", every_word)
+    glossary = Glossary.from_mapping({"man": "Hund", "dog": "Kerl"})
+    asked = ["A man and a dog."]
+
+    def searched(translator: Translator) -> tuple[list[str], list]:
+        seen = []
+        search = translator.search_ids
+        monkeypatch.setattr(
+            translator, "search_ids", lambda *a, **k: seen.append(a[-1]) or search(*a, **k)
+        )
+        return translator.translate(asked, glossary=glossary), seen
+
+    alone = searched(Translator(Engine(model), tokenizer, SearchConfig(beam_size=3)))
+    used = Translator(Engine(model), tokenizer, SearchConfig(beam_size=3))
+    used.translate([f"A man number {i} sees a dog." for i in range(8)], glossary=glossary)
+    fresh_avoid = [[t.avoid for t in terms] for terms in alone[1][0]]
+    assert any(any(a) for a in fresh_avoid)  # something learnt, so something to differ
+    answer, seen = searched(used)
+    assert (answer, [[t.avoid for t in terms] for terms in seen[0]]) == (alone[0], fresh_avoid)
