@@ -44,6 +44,7 @@ hypotheses as in Hu et al. 2019 (fairseq's `LexicallyConstrainedBeamSearch`):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -76,18 +77,50 @@ class TermIds(list):
 def term_variants(tokenizer: Tokenizer, target: str) -> list[list[int]]:
     """The token sequences that spell `target` as a whole word: in each context of `_CONTEXTS`,
     the shortest windows of the encoded context whose text is the term (plus punctuation that
-    shares its last piece); the segmentation of the term alone comes first."""
+    shares its last piece); the segmentation of the term alone comes first.
+
+    Only starts whose text onwards begins with the term are tried (`_term_windows`), each
+    from its first window as long as the term: a few decodes of the context, however long."""
     variants: list[list[int]] = []
     pattern = re.compile(re.escape(target) + r"[^\w\s]*")
     for context in _CONTEXTS:
         ids = tokenizer.encode_tgt([context.format(target)])[0]
-        for i in range(len(ids)):
-            for j in range(i + 1, len(ids) + 1):
+        for i, ends in _term_windows(tokenizer, ids, target):
+            for j in ends:
                 if pattern.fullmatch(tokenizer.decode_tgt([ids[i:j]])[0].strip()):
                     if ids[i:j] not in variants:
                         variants.append(ids[i:j])
                     break
     return variants or [tokenizer.encode_tgt([target])[0]]
+
+
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def _term_windows(tokenizer: Tokenizer, ids: list[int], target: str) -> Iterator[tuple[int, range]]:
+    """Per start i of `ids` that may begin `target`, the ends j to try in order; every other
+    window's text cannot be the term. Decoding concatenates the pieces' texts (the first
+    piece losing its word boundary), so the text of ids[i:j] is a prefix of the text of
+    ids[i:k] for k > j, and the text from i onwards gets no longer as i grows. A byte piece
+    breaks that (a window may cut a character in two), and so may a term holding U+FFFD:
+    then every window is tried."""
+    n = len(ids)
+    if "\ufffd" in target or any(_BYTE_PIECE.fullmatch(p) for p in tokenizer.tgt_pieces(ids)):
+        yield from ((i, range(i + 1, n + 1)) for i in range(n))
+        return
+    for i in range(n):
+        rest = tokenizer.decode_tgt([ids[i:]])[0].lstrip()
+        if len(rest) < len(target):
+            return  # no later start has text enough either
+        if rest.startswith(target):
+            lo, hi = i + 1, n  # the first end whose text is as long as the term
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if len(tokenizer.decode_tgt([ids[i:mid]])[0].strip()) >= len(target):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            yield i, range(lo, n + 1)
 
 
 class Pieces(NamedTuple):
