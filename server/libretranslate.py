@@ -86,17 +86,8 @@ async def read_body(request: Request, limits: Limits) -> tuple[dict[str, Any], b
     max_fields = limits.max_sentences + 16
     pairs: list[tuple[str, Any]]
     if kind == "multipart/form-data":
-
-        async def replay() -> dict[str, Any]:
-            return {"type": "http.request", "body": data, "more_body": False}
-
-        try:
-            async with Request(request.scope, replay).form(max_fields=max_fields) as parsed:
-                pairs = [(k, v) for k, v in parsed.multi_items() if isinstance(v, str)]
-        except HTTPException as e:
-            raise error(400, f"Invalid request: the form cannot be read ({e.detail})") from None
-        except Exception as e:  # noqa: BLE001 - python-multipart's own errors
-            raise error(400, f"Invalid request: the form cannot be read ({e})") from None
+        # Files (up to Starlette's default 1000) are allowed and ignored.
+        pairs, _ = await off_loop(_multipart, request.headers.raw, data, max_fields, 1000)
     else:
         pairs = await off_loop(_url_form, data, max_fields)
     body: dict[str, Any] = {}
@@ -106,6 +97,38 @@ async def read_body(request: Request, limits: Limits) -> tuple[dict[str, Any], b
         else:
             body.setdefault(key, value)
     return body, True
+
+
+def _multipart(
+    headers: list[tuple[bytes, bytes]], data: bytes, max_fields: int, max_files: int
+) -> tuple[list[tuple[str, str]], tuple[str, bytes] | None]:
+    """A multipart form's text fields and its first `file` (name, bytes), parsed by Starlette
+    on an event loop of this (worker) thread, so that a large form holds no one else's
+    request. At most `max_fields` fields and `max_files` files, else a 400."""
+    return asyncio.run(_parse_multipart(headers, data, max_fields, max_files))
+
+
+async def _parse_multipart(
+    headers: list[tuple[bytes, bytes]], data: bytes, max_fields: int, max_files: int
+) -> tuple[list[tuple[str, str]], tuple[str, bytes] | None]:
+    async def replay() -> dict[str, Any]:
+        return {"type": "http.request", "body": data, "more_body": False}
+
+    pairs: list[tuple[str, str]] = []
+    upload: tuple[str, bytes] | None = None
+    form = Request({"type": "http", "headers": headers}, replay).form
+    try:
+        async with form(max_files=max_files, max_fields=max_fields) as parsed:
+            for key, value in parsed.multi_items():
+                if isinstance(value, str):
+                    pairs.append((key, value))
+                elif key == "file" and upload is None:
+                    upload = (value.filename or "", await value.read())
+    except HTTPException as e:
+        raise error(400, f"Invalid request: the form cannot be read ({e.detail})") from None
+    except Exception as e:  # noqa: BLE001 - python-multipart's own errors
+        raise error(400, f"Invalid request: the form cannot be read ({e})") from None
+    return pairs, upload
 
 
 def _routed_json(body: dict[str, Any]) -> dict[str, Any]:
@@ -372,23 +395,10 @@ async def _read_file_form(request: Request, timeout: float) -> tuple[dict[str, A
             "Invalid request: send the file as multipart/form-data (fields file, source, target)",
         )
     data = await read_bytes(request, MAX_FILE_BYTES, timeout)
-
-    async def replay() -> dict[str, Any]:
-        return {"type": "http.request", "body": data, "more_body": False}
-
+    pairs, upload = await off_loop(_multipart, request.headers.raw, data, 16, 1)
     fields: dict[str, Any] = {}
-    upload: tuple[str, bytes] | None = None
-    try:
-        async with Request(request.scope, replay).form(max_files=1, max_fields=16) as parsed:
-            for key, value in parsed.multi_items():
-                if isinstance(value, str):
-                    fields.setdefault(key, value)
-                elif key == "file" and upload is None:
-                    upload = (value.filename or "", await value.read())
-    except HTTPException as e:
-        raise error(400, f"Invalid request: the form cannot be read ({e.detail})") from None
-    except Exception as e:  # noqa: BLE001 - python-multipart's own errors
-        raise error(400, f"Invalid request: the form cannot be read ({e})") from None
+    for key, value in pairs:
+        fields.setdefault(key, value)
     if upload is None:
         raise error(400, "Invalid request: missing file parameter")
     if not upload[0]:

@@ -14,6 +14,7 @@ import zipfile
 from typing import Any
 
 import pytest
+from starlette.formparsers import MultiPartParser
 
 from attnmt.decoding.config import SearchConfig
 from attnmt.server.app import create_app
@@ -185,6 +186,33 @@ def test_a_file_named_dot_txt_is_translated_and_uploads_at_once_are_limited() ->
     service.uploads = MAX_UPLOADS  # that many files being read or translated
     status, answer = call(service, "POST", "/translate_file", body, kind)
     assert status == 429 and model.calls == [["hello"]]
+
+
+def test_multipart_forms_are_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/translate's and /translate_file's multipart forms are parsed on a worker thread, with
+    their bounds: over --max-sentences + 16 fields is one 400 line."""
+    service, model = make_service()
+    loop_thread, parse_threads = threading.get_ident(), []
+    parse = MultiPartParser.parse
+
+    async def recording_parse(self: MultiPartParser) -> Any:
+        parse_threads.append(threading.get_ident())
+        return await parse(self)
+
+    monkeypatch.setattr(MultiPartParser, "parse", recording_parse)
+    fields = [("q", "a b"), ("q", "c"), ("source", "en"), ("target", "de")]
+    body = "".join(
+        f'--XyZ\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n' for k, v in fields
+    )
+    kind = "multipart/form-data; boundary=XyZ"
+    status, answer = call(service, "POST", "/translate", f"{body}--XyZ--\r\n".encode(), kind)
+    assert status == 200 and len(answer["translatedText"]) == 2
+    assert call(service, "POST", "/translate_file", *multipart("a.txt", b"hello\n"))[0] == 200
+    assert len(parse_threads) == 2 and loop_thread not in parse_threads
+    many = body * (service.limits.max_sentences + 16)
+    status, answer = call(service, "POST", "/translate", f"{many}--XyZ--\r\n".encode(), kind)
+    assert status == 400 and answer["error"].startswith("Invalid request: the form cannot be read")
+    assert "\n" not in answer["error"] and "fields" in answer["error"]
 
 
 class EndlessStream:
