@@ -21,6 +21,7 @@ TERMS = [
     "Ärger", "Öl", "über", "东京", "北京大学", "日本語のテキスト", "Ωμέγα", "☃☃",
     "ℵ", "Hund Hund Hund", "aaaaaaaaaaaaaaaa", "ha ha ha ha", "Mann-Mann",
     "Ein Mann fährt Fahrrad. " * 8, "Straßenbahnhaltestelle" * 6, "x" * 200,
+    "", " Hund", "Hund  Katze", "a\tb", "⁇", "\ufffd", "Hund\ufffd", ".", "...",
     "Die Frau singt ein Lied, das Kind isst einen Apfel (und) \"Zwei Hunde\".",
 ]  # fmt: skip
 
