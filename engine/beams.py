@@ -19,7 +19,7 @@ count, as `beam_search`'s first step, which has one row per sentence). The outpu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -124,6 +124,23 @@ class BeamStream:
             self.beams = None  # the next sentence starts fresh buffers
         self.live -= len(finished)
         return finished
+
+    def cancel(self, indices: Iterable[int]) -> int:
+        """Drop sentences `indices` between two steps, queued or in a slot (its K rows freed,
+        the live slots compacted as when a sentence finishes); `step` never reports them. The
+        other sentences' hypotheses stay as they were. How many were dropped."""
+        drop = set(indices)
+        dropped = self.queue.cancel(drop)
+        beams = self.beams
+        if beams is not None:
+            emptied = [s for s, sentence in enumerate(beams.sentences) if sentence.index in drop]
+            if emptied:
+                beams.drop(emptied)
+                dropped += len(emptied)
+            if not beams.sentences:
+                self.beams = None
+        self.live -= dropped
+        return dropped
 
 
 class _SlotBeams:

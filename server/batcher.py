@@ -21,9 +21,9 @@ sentences are done: iteration-level scheduling, as vLLM's. Invariants:
 - every submitted job gets its result or its exception exactly once, also when the server
   shuts down (`close` lets the thread finish every queued job before it returns), unless its
   future was cancelled while it waited: then it is dropped without a model call;
-- a stream whose unanswered jobs have all `gone` (their clients left) stops between two
-  steps, each such job answered `Gone`; a batch call runs to its end (bounded by the
-  server's work limit);
+- a job in a stream whose client has `gone` leaves it between two steps (`Stream.cancel`:
+  its sentences, queued or decoding, are dropped, the other jobs' results unchanged), answered
+  `Gone`; a stream left with no job ends there;
 - at most `max_queue` jobs wait; beyond that `submit` raises `QueueFull`.
 
 `one_request` (serve.py --no-batching) makes every batch one job, for the load comparison.
@@ -65,6 +65,8 @@ class Stream(Protocol):
 
     def step(self) -> list[tuple[int, list[Any]]]: ...  # (handle, results) of requests done
 
+    def cancel(self, handles: list[int]) -> None: ...  # drop these requests between steps
+
 
 # open_stream(cfg, langs): a stream for jobs with these options, or None (they are batched)
 OpenStream = Callable[[SearchConfig, Langs], Stream | None]
@@ -103,7 +105,7 @@ class Job:
     langs: Langs = (None, None)  # the pair a multilingual model is asked for
     glossary: Glossary | None = None  # terms the translations must use (translate only)
     future: Future = field(default_factory=Future)
-    # set when the job's client has gone: a stream of only such jobs stops between steps
+    # set when the job's client has gone: the job leaves its stream between two steps
     gone: threading.Event = field(default_factory=threading.Event)
 
 
@@ -235,9 +237,10 @@ class Batcher:
                     return
                 for handle, result in stream.step():
                     jobs.pop(handle).future.set_result(result)
-                if jobs and all(job.gone.is_set() for job in jobs.values()):
-                    _drop(jobs.values())  # nobody waits for these: the stream ends here
-                    return
+                gone = [handle for handle, job in jobs.items() if job.gone.is_set()]
+                if gone:  # nobody waits for these: their sentences leave the stream
+                    stream.cancel(gone)
+                    _drop([jobs.pop(handle) for handle in gone])
                 joining = self._stream_joining(first, stream.sentences)
         except Exception as e:  # the thread survives; every job of the stream gets the error
             logger.exception("a stream of %d requests failed", len(jobs) + len(joining))
