@@ -54,6 +54,7 @@ def continuous_beam_search(
     special: SpecialTokens,
     cfg: SearchConfig,
     progress: Callable[[int], object] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` sentence
     slots of `cfg.beam_size` rows, the engine in eval mode: `cfg.nbest` hypotheses per
@@ -63,7 +64,7 @@ def continuous_beam_search(
         ValueError: the engine is in training mode.
     """
     stream = BeamStream(engine, special, cfg, slots=min(cfg.batch_size, len(src_ids)))
-    return drain(stream, src_ids, progress)
+    return drain(stream, src_ids, progress, stop)
 
 
 class BeamStream:

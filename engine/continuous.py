@@ -31,6 +31,8 @@ from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import (
     Hypothesis,
     SpecialTokens,
+    Stop,
+    check_stop,
     length_penalty_divisor,
     max_lengths,
     pick_tokens,
@@ -78,18 +80,20 @@ def continuous_greedy_search(
     special: SpecialTokens,
     cfg: SearchConfig,
     progress: Callable[[int], object] | None = None,
+    stop: Stop | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` rows,
     with the engine in eval mode.
 
     Returns one hypothesis per sentence, in input order. `progress(n)` is called as sentences
-    finish. One host sync per step (the chosen tokens with the running sums).
+    finish; `stop` before each step (`search.check_stop`). One host sync per step (the chosen
+    tokens with the running sums).
 
     Raises:
         ValueError: the engine is in training mode.
     """
     stream = GreedyStream(engine, special, cfg, rows=min(cfg.batch_size, len(src_ids)))
-    return [[hypothesis] for hypothesis in drain(stream, src_ids, progress)]
+    return [[hypothesis] for hypothesis in drain(stream, src_ids, progress, stop)]
 
 
 class SentenceStream(Protocol):
@@ -106,12 +110,14 @@ def drain(
     stream: SentenceStream,
     src_ids: list[list[int]],
     progress: Callable[[int], object] | None = None,
+    stop: Stop | None = None,
 ) -> list[Any]:
     """`src_ids` through `stream` until it runs dry: what `step` reports of each sentence, in
-    input order; `progress(n)` as sentences finish."""
+    input order; `progress(n)` as sentences finish; `check_stop(stop)` before each step."""
     stream.add(src_ids)
     results: list[Any] = [None] * len(src_ids)
     while stream.live:
+        check_stop(stop)
         finished = stream.step()
         for index, found in finished:
             results[index] = found

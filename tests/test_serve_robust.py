@@ -290,3 +290,36 @@ def test_a_gone_job_leaves_its_stream_between_steps_while_the_others_go_on() -> 
     after = log[log.index(cancels[0]) + 1 :]
     # the staying job (joined after the first step) alone for the rest of its 8 steps
     assert log[:3] == [[0], [0, 1], [0, 1]] and after == [[1]] * 6
+
+
+def test_a_batch_call_whose_clients_have_gone_stops_between_steps() -> None:
+    """A batch call (here a sampling job, which never streams) gets `stop`, checked between
+    its steps: once its client has gone the search stops there, the job answered `Gone`, and
+    the next job is served (was: the call decoded to its budget)."""
+    steps: list[int] = []
+    hold = threading.Event()
+
+    def translate(
+        cfg: SearchConfig, sentences: list[str], prefixes: list, langs: tuple, stop: Any = None
+    ) -> list:
+        for step in range(1000):  # a search to a budget of 1000 steps
+            if stop is not None and stop():
+                raise RuntimeError("cancelled")  # as `search.Cancelled`
+            steps.append(step)
+            if step == 2:
+                assert hold.wait(30)
+        return [[(s.upper(), -1.0)] for s in sentences]
+
+    batcher = Batcher(translate, Model().attention, 8, 0.0, 8)
+    sampled = Job(SearchConfig(sampling=True), ["a"])
+    batcher.submit(sampled)
+    while len(steps) < 3:  # decoding, its third step waiting
+        threading.Event().wait(0.01)
+    sampled.gone.set()
+    hold.set()
+    with pytest.raises(Gone):
+        sampled.future.result(timeout=30)
+    assert steps == [0, 1, 2]  # stopped before its fourth step
+    after = batcher.submit(Job(SearchConfig(beam_size=2), ["b"]))
+    assert after.result(timeout=30) == [[("B", -1.0)]]
+    batcher.close()
