@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.glossary import Glossary
 from attnmt.decoding.search import Cancelled
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
@@ -26,12 +27,13 @@ class Stop:
 
 
 @pytest.mark.parametrize(
-    ("options", "continuous"),
+    ("options", "continuous", "terms"),
     [
-        (dict(sampling=True, nbest=2, seed=3), False),
-        (dict(beam_size=3), False),
-        (dict(beam_size=1), False),
-        (dict(beam_size=1), True),  # an `Engine`: continuous batching
+        (dict(sampling=True, nbest=2, seed=3), False, None),
+        (dict(beam_size=3), False, None),
+        (dict(beam_size=1), False, None),
+        (dict(beam_size=1), True, None),  # an `Engine`: continuous batching
+        (dict(beam_size=1), False, {"b a": "c c a"}),  # constrained beam search
     ],
 )
 def test_stop_ends_a_search_between_steps_before_its_end(
@@ -39,13 +41,18 @@ def test_stop_ends_a_search_between_steps_before_its_end(
     model,  # noqa: ANN001
     options: dict,
     continuous: bool,
+    terms: dict | None,
 ) -> None:
     cfg = SearchConfig(batch_size=2, max_len_a=2.0, max_len_b=30, **options)
     searched = Engine(model).eval() if continuous else model
+    glossary = None if terms is None else Glossary.from_mapping(terms)
     counted = Stop(None)
-    whole = Translator(searched, tokenizer, cfg, stop=counted).translate_nbest(SENTENCES)
+    translator = Translator(searched, tokenizer, cfg, stop=counted)
+    whole = translator.translate_nbest(SENTENCES, glossary=glossary)
     assert len(whole) == len(SENTENCES) and counted.calls > 3  # one call per step
+    assert terms is None or "c c a" in whole[1][0].text  # the term placed: constrained
     early = Stop(3)
     with pytest.raises(Cancelled):
-        Translator(searched, tokenizer, cfg, stop=early).translate_nbest(SENTENCES)
+        translator = Translator(searched, tokenizer, cfg, stop=early)
+        translator.translate_nbest(SENTENCES, glossary=glossary)
     assert early.calls == 3  # stopped before its fourth step
