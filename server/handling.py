@@ -178,8 +178,8 @@ def job_glossary(
     return glossary
 
 
-# A request's glossary: entries, and characters per term. A target term's spellings are
-# searched for in time that grows with the cube of its length: this bound comes first.
+# A request's glossary: entries, and characters per term, checked before any term is searched
+# for, so that a request's glossary work stays small whatever its body holds.
 MAX_TERMS = 1024
 MAX_TERM_CHARS = 128
 
