@@ -481,11 +481,16 @@ def load_batcher(
     tokenizer_for = pair_tokenizers(tokenizer, multilingual)
 
     def translate(
-        cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple, glossaries: Any = None
+        cfg: Any,
+        sentences: list[str],
+        prefixes: list[str],
+        langs: tuple,
+        glossaries: Any = None,
+        stop: Any = None,
     ) -> list[list[tuple[str, float]]]:
         began = time.perf_counter()
         paired = tokenizer_for(langs)
-        translator = Translator(model, paired, cfg, device)
+        translator = Translator(model, paired, cfg, device, stop=stop)
         with runtime.autocast(device, precision):  # thread-local: entered on this thread
             nbest = translator.translate_nbest(sentences, prefixes=prefixes, glossary=glossaries)
         src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS
