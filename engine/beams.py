@@ -126,6 +126,7 @@ class BeamStream:
         self.live -= len(finished)
         return finished
 
+    @torch.inference_mode()  # the buffers are inference tensors: moved in place
     def cancel(self, indices: Iterable[int]) -> int:
         """Drop sentences `indices` between two steps, queued or in a slot (its K rows freed,
         the live slots compacted as when a sentence finishes); `step` never reports them. The

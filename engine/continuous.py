@@ -209,6 +209,7 @@ class GreedyStream:
         self.live -= len(done)
         return done
 
+    @torch.inference_mode()  # the buffers are inference tensors: moved in place
     def cancel(self, indices: Iterable[int]) -> int:
         """Drop sentences `indices` between two steps, queued or on a row (its row freed, the
         live rows compacted as when a sentence finishes); `step` never reports them. The

@@ -176,6 +176,37 @@ def test_stream_cancel_drops_a_requests_sentences_and_keeps_the_others_outputs(
     assert_same_results([nbest(kept[i]) for i in kept], [nbest(everything[i]) for i in kept])
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_stream_cancel_of_a_first_row_moves_the_live_rows_behind_it(
+    tiny_model,
+    beam: int,  # noqa: ANN001
+) -> None:
+    """A cancelled sentence on the first row leaves a hole that the last live row moves into
+    (its caches copied in place, under inference mode as `step`'s): the moved rows decode on
+    to what they get without the cancel."""
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
+    src = sources(6, seed=11)
+    cfg = SearchConfig(beam_size=beam, batch_size=4, max_len_a=1.5, max_len_b=8)
+
+    def run(cancel: bool) -> dict[int, object]:
+        stream = GreedyStream(engine, SPECIAL, cfg) if beam == 1 else BeamStream(engine, SPECIAL, cfg)  # fmt: skip
+        stream.add(src)
+        got = dict(stream.step())
+        rows = stream.rows if beam == 1 else stream.beams
+        first = rows.sentences[0].index
+        if cancel:
+            assert stream.cancel([first]) == 1 and len(rows.sentences) == 3
+            assert first not in [sentence.index for sentence in rows.sentences]
+        while stream.live:
+            got.update(stream.step())
+        return got
+
+    kept, everything = run(cancel=True), run(cancel=False)
+    assert len(kept) == 5 and set(kept) < set(everything)
+    nbest = (lambda found: [found]) if beam == 1 else (lambda found: found)
+    assert_same_results([nbest(kept[i]) for i in kept], [nbest(everything[i]) for i in kept])
+
+
 def feed_between_steps(
     stream: GreedyStream | BeamStream,
     src: list[list[int]],
