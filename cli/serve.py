@@ -376,14 +376,21 @@ def run(args: argparse.Namespace) -> None:
     server.run(sockets=[sock])
     if not server.started:
         raise UserError("the server did not start (see the messages above)")
+    left = (
+        f" ({service.gone} dropped: their clients closed the connection first)"
+        if service.gone
+        else ""
+    )
     if service.cancelled:
         print(
             f"{PROG}: stopped; {service.cancelled} request(s) still unanswered after "
-            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped",
+            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped{left}",
             file=sys.stderr,
         )
     else:
-        print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
+        print(
+            f"{PROG}: stopped after answering every request it had received{left}", file=sys.stderr
+        )
 
 
 def serve_model(
