@@ -376,14 +376,21 @@ def run(args: argparse.Namespace) -> None:
     server.run(sockets=[sock])
     if not server.started:
         raise UserError("the server did not start (see the messages above)")
+    left = (
+        f" ({service.gone} dropped: their clients closed the connection first)"
+        if service.gone
+        else ""
+    )
     if service.cancelled:
         print(
             f"{PROG}: stopped; {service.cancelled} request(s) still unanswered after "
-            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped",
+            f"--shutdown-timeout {args.shutdown_timeout:g} s were dropped{left}",
             file=sys.stderr,
         )
     else:
-        print(f"{PROG}: stopped after answering every request it had received", file=sys.stderr)
+        print(
+            f"{PROG}: stopped after answering every request it had received{left}", file=sys.stderr
+        )
 
 
 def serve_model(
@@ -481,11 +488,16 @@ def load_batcher(
     tokenizer_for = pair_tokenizers(tokenizer, multilingual)
 
     def translate(
-        cfg: Any, sentences: list[str], prefixes: list[str], langs: tuple, glossaries: Any = None
+        cfg: Any,
+        sentences: list[str],
+        prefixes: list[str],
+        langs: tuple,
+        glossaries: Any = None,
+        stop: Any = None,
     ) -> list[list[tuple[str, float]]]:
         began = time.perf_counter()
         paired = tokenizer_for(langs)
-        translator = Translator(model, paired, cfg, device)
+        translator = Translator(model, paired, cfg, device, stop=stop)
         with runtime.autocast(device, precision):  # thread-local: entered on this thread
             nbest = translator.translate_nbest(sentences, prefixes=prefixes, glossary=glossaries)
         src_tokens = sum(len(ids) for ids in paired.encode_src(sentences))  # no EOS

@@ -106,6 +106,7 @@ class ContinuousGreedy(Protocol):
         special: SpecialTokens,
         cfg: SearchConfig,
         progress: Callable[[int], object] | None = None,
+        stop: Stop | None = None,
     ) -> list[list[Hypothesis]]: ...
 
 
@@ -115,6 +116,20 @@ class Hypothesis(NamedTuple):
     tokens: list[int]  # target ids, without bos/eos
     score: float  # log_prob / length penalty: what the n-best list is sorted by
     log_prob: float  # sum of token log-probabilities, EOS included
+
+
+class Cancelled(Exception):
+    """A search stopped between two steps because its `stop()` said so (its callers gone)."""
+
+
+# stop(): checked before each decoding step; True ends the search with `Cancelled`
+Stop = Callable[[], bool]
+
+
+def check_stop(stop: Stop | None) -> None:
+    """Raise `Cancelled` if `stop` is given and says so (the searches call it between steps)."""
+    if stop is not None and stop():
+        raise Cancelled("the search was cancelled between two steps")
 
 
 @dataclass
@@ -438,6 +453,7 @@ def greedy_search(
     prefix: Tensor | None = None,
     given: int = 0,
     constraints: lexical.ConstraintSet | None = None,
+    stop: Stop | None = None,
 ) -> SearchResult:
     """Pick the most probable token at every step (equals `beam_search` with beam 1).
 
@@ -458,18 +474,20 @@ def greedy_search(
         given: how many of the prefix's first tokens are given, not predicted: they score
             0 (an NLLB model's target language token).
         constraints: terms each translation must use (`decoding.constraints`), or None.
+        stop: checked before each step (`check_stop`: `Cancelled` when it says so), or None.
 
     Shape:
         src_ids: (B, S). The result holds one hypothesis per sentence, in input order.
     """
     if constraints is not None:
         cfg = replace(cfg, beam_size=GREEDY_CONSTRAINED_BEAM, nbest=1)
-        return beam_search(model, src_ids, special, cfg, prefix, given, constraints)
+        return beam_search(model, src_ids, special, cfg, prefix, given, constraints, stop)
 
     def best(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return pick_tokens(logits, special, 1, no_eos, at_limit)
 
-    return _one_per_row(model, src_ids, special, cfg, prefix, best, "greedy search", given=given)
+    what = "greedy search"
+    return _one_per_row(model, src_ids, special, cfg, prefix, best, what, given=given, stop=stop)
 
 
 @torch.inference_mode()
@@ -481,9 +499,11 @@ def sample_search(
     prefix: Tensor | None = None,
     generator: torch.Generator | None = None,
     given: int = 0,
+    stop: Stop | None = None,
 ) -> SearchResult:
     """`cfg.nbest` samples per sentence, each token drawn by `sample_tokens` (`topk`, `topp`,
-    `temperature`) with `generator`; each sentence's samples come back best score first.
+    `temperature`) with `generator`; each sentence's samples come back best score first. `stop`:
+    as `greedy_search`'s.
 
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
@@ -493,7 +513,7 @@ def sample_search(
     def draw(logits: Tensor, no_eos: bool, at_limit: Tensor) -> tuple[Tensor, Tensor]:
         return sample_tokens(logits, special, cfg, no_eos, at_limit, generator)
 
-    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling", n, given)
+    rows = _one_per_row(model, src_ids, special, cfg, prefix, draw, "sampling", n, given, stop)
     rows = rows.hypotheses
     per_sentence = [[hyp for row in rows[i : i + n] for hyp in row] for i in range(0, len(rows), n)]
     return SearchResult([best_hypotheses(hyps, n) for hyps in per_sentence])
@@ -509,9 +529,11 @@ def _one_per_row(
     what: str,
     copies: int = 1,
     given: int = 0,
+    stop: Stop | None = None,
 ) -> SearchResult:
     """`copies` hypotheses per source row (rows of the result: B * copies), each extended by
-    `pick`'s token until EOS (greedy search picks the best token, sampling draws one)."""
+    `pick`'s token until EOS (greedy search picks the best token, sampling draws one);
+    `check_stop(stop)` before each step."""
     batch = _start(model, src_ids, special, cfg, prefix, copies, given)
     B, device = src_ids.size(0) * copies, src_ids.device
     sent_ids = torch.arange(B)  # (N,) on the CPU: input index of each live row
@@ -520,6 +542,7 @@ def _one_per_row(
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     step = 0
     while sent_ids.numel() > 0:
+        check_stop(stop)
         lprob, token = _next_tokens(model, batch, tokens[:, -1], step, special, pick)  # (N, 1)
         sums = sums + lprob
         tokens = torch.cat([tokens, token], dim=1)  # (N, t + 2)
@@ -579,6 +602,7 @@ def beam_search(
     prefix: Tensor | None = None,
     given: int = 0,
     constraints: lexical.ConstraintSet | None = None,
+    stop: Stop | None = None,
 ) -> SearchResult:
     """Batched beam search with fairseq's 2K-candidate EOS handling (see the module docstring).
 
@@ -596,6 +620,7 @@ def beam_search(
         constraints: terms each translation must use, or None: the candidates and their
             order come from dynamic beam allocation (`decoding.constraints`), EOS only once
             every term is met.
+        stop: checked before each step (`check_stop`), or None.
 
     Shape:
         src_ids: (B, S). The result holds `nbest` hypotheses per sentence, in input order.
@@ -620,6 +645,7 @@ def beam_search(
 
     step = 0
     while beams.sent_ids.numel() > 0:
+        check_stop(stop)
         if batch.constraints is None:
             lprobs, tokens = _next_tokens(model, batch, beams.tokens[:, -1], step, special, pick)
             cands = top_candidates(lprobs, tokens, beams.scores, beam_size)

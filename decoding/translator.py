@@ -88,6 +88,8 @@ class Translator:
         search_cfg: decoding options; the defaults of `SearchConfig` when None.
         device: where the inputs go; the model's device when None.
         inter_threads: batches searched at once (default 1: one after the other).
+        stop: checked before each decoding step; when it says so, the search raises
+            `search.Cancelled` (serve.py's model thread: every client of the batch gone).
 
     Example:
         >>> translator = Translator(model, tokenizer, SearchConfig(beam_size=5))
@@ -101,6 +103,7 @@ class Translator:
         search_cfg: SearchConfig | None = None,
         device: str | torch.device | None = None,
         inter_threads: int = 1,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         if inter_threads < 1:
             raise ValueError(f"inter_threads must be >= 1, got {inter_threads}")
@@ -109,6 +112,7 @@ class Translator:
         self.search_cfg = search_cfg or SearchConfig()
         self.device = torch.device(device) if device is not None else _device_of(model)
         self.inter_threads = inter_threads
+        self.stop = stop  # checked between decoding steps: `search.Cancelled` when it says so
         self._pool: ThreadPoolExecutor | None = None  # made at the first parallel search
         self._by_languages: dict[tuple[str | None, str | None], Tokenizer] = {}
         self._term_ids: dict[tuple[int, str], list[list[int]]] = {}  # (tokenizer, term): variants
@@ -371,7 +375,8 @@ class Translator:
             with self._eval_mode():
                 sources = [src_ids[i] for i in order]
                 special, cfg = self.tokenizer.special, self.search_cfg
-                found = self.model.greedy_search_continuous(sources, special, cfg, progress)
+                stop = {"stop": self.stop} if self.stop is not None else {}
+                found = self.model.greedy_search_continuous(sources, special, cfg, progress, **stop)
             for i, nbest in zip(order, found, strict=True):
                 results[i] = nbest
             return results
@@ -504,7 +509,8 @@ class Translator:
         src = encode_source_batch(batch, special).to(self.device)  # (B, S)
         prefix = None if prefix_ids is None else prefix_tensor(prefix_ids, self.device)  # (B, P)
         if cfg.sampling:
-            found = sample_search(self.model, src, special, cfg, prefix, self.generator, given)
+            generator, stop = self.generator, self.stop
+            found = sample_search(self.model, src, special, cfg, prefix, generator, given, stop)
             return found.hypotheses
         cons = None
         if terms is not None:
@@ -517,7 +523,7 @@ class Translator:
                 terms, pieces.glued, pieces.opener, self.device, pieces.final, limits
             )
         search = greedy_search if cfg.beam_size == 1 else beam_search
-        return search(self.model, src, special, cfg, prefix, given, cons).hypotheses
+        return search(self.model, src, special, cfg, prefix, given, cons, self.stop).hypotheses
 
     def score(
         self,

@@ -19,7 +19,7 @@ count, as `beam_search`'s first step, which has one row per sentence). The outpu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -54,6 +54,7 @@ def continuous_beam_search(
     special: SpecialTokens,
     cfg: SearchConfig,
     progress: Callable[[int], object] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` sentence
     slots of `cfg.beam_size` rows, the engine in eval mode: `cfg.nbest` hypotheses per
@@ -63,7 +64,7 @@ def continuous_beam_search(
         ValueError: the engine is in training mode.
     """
     stream = BeamStream(engine, special, cfg, slots=min(cfg.batch_size, len(src_ids)))
-    return drain(stream, src_ids, progress)
+    return drain(stream, src_ids, progress, stop)
 
 
 class BeamStream:
@@ -124,6 +125,24 @@ class BeamStream:
             self.beams = None  # the next sentence starts fresh buffers
         self.live -= len(finished)
         return finished
+
+    @torch.inference_mode()  # the buffers are inference tensors: moved in place
+    def cancel(self, indices: Iterable[int]) -> int:
+        """Drop sentences `indices` between two steps, queued or in a slot (its K rows freed,
+        the live slots compacted as when a sentence finishes); `step` never reports them. The
+        other sentences' hypotheses stay as they were. How many were dropped."""
+        drop = set(indices)
+        dropped = self.queue.cancel(drop)
+        beams = self.beams
+        if beams is not None:
+            emptied = [s for s, sentence in enumerate(beams.sentences) if sentence.index in drop]
+            if emptied:
+                beams.drop(emptied)
+                dropped += len(emptied)
+            if not beams.sentences:
+                self.beams = None
+        self.live -= dropped
+        return dropped
 
 
 class _SlotBeams:

@@ -20,7 +20,7 @@ masked positions add exact zeros to the softmax sums, but the sums may run in an
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +31,8 @@ from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import (
     Hypothesis,
     SpecialTokens,
+    Stop,
+    check_stop,
     length_penalty_divisor,
     max_lengths,
     pick_tokens,
@@ -78,18 +80,20 @@ def continuous_greedy_search(
     special: SpecialTokens,
     cfg: SearchConfig,
     progress: Callable[[int], object] | None = None,
+    stop: Stop | None = None,
 ) -> list[list[Hypothesis]]:
     """Greedy search of `src_ids` (non-empty id lists, no specials) on `cfg.batch_size` rows,
     with the engine in eval mode.
 
     Returns one hypothesis per sentence, in input order. `progress(n)` is called as sentences
-    finish. One host sync per step (the chosen tokens with the running sums).
+    finish; `stop` before each step (`search.check_stop`). One host sync per step (the chosen
+    tokens with the running sums).
 
     Raises:
         ValueError: the engine is in training mode.
     """
     stream = GreedyStream(engine, special, cfg, rows=min(cfg.batch_size, len(src_ids)))
-    return [[hypothesis] for hypothesis in drain(stream, src_ids, progress)]
+    return [[hypothesis] for hypothesis in drain(stream, src_ids, progress, stop)]
 
 
 class SentenceStream(Protocol):
@@ -106,12 +110,14 @@ def drain(
     stream: SentenceStream,
     src_ids: list[list[int]],
     progress: Callable[[int], object] | None = None,
+    stop: Stop | None = None,
 ) -> list[Any]:
     """`src_ids` through `stream` until it runs dry: what `step` reports of each sentence, in
-    input order; `progress(n)` as sentences finish."""
+    input order; `progress(n)` as sentences finish; `check_stop(stop)` before each step."""
     stream.add(src_ids)
     results: list[Any] = [None] * len(src_ids)
     while stream.live:
+        check_stop(stop)
         finished = stream.step()
         for index, found in finished:
             results[index] = found
@@ -203,6 +209,24 @@ class GreedyStream:
         self.live -= len(done)
         return done
 
+    @torch.inference_mode()  # the buffers are inference tensors: moved in place
+    def cancel(self, indices: Iterable[int]) -> int:
+        """Drop sentences `indices` between two steps, queued or on a row (its row freed, the
+        live rows compacted as when a sentence finishes); `step` never reports them. The
+        other sentences' hypotheses stay as they were. How many were dropped."""
+        drop = set(indices)
+        dropped = self.queue.cancel(drop)
+        rows = self.rows
+        if rows is not None:
+            emptied = [r for r, sentence in enumerate(rows.sentences) if sentence.index in drop]
+            if emptied:
+                rows.drop(emptied)
+                dropped += len(emptied)
+            if not rows.sentences:
+                self.rows = None
+        self.live -= dropped
+        return dropped
+
     def _holding(self) -> bool:
         """Whether this step leaves the sentences added but not yet encoded waiting, to encode
         `gather` of them together: other rows run, none is encoded, fewer than `gather` were
@@ -231,6 +255,7 @@ class SourceQueue:
         self.device = next(engine.parameters()).device
         self.waiting: deque[QueuedSentence] = deque()
         self.next_index = 0  # of the next sentence to encode
+        self.dropped: set[int] = set()  # cancelled, not yet encoded: never encoded
 
     def add(self, src_ids: list[list[int]]) -> range:
         """Queue `src_ids` (encoded when rows need them); their indices."""
@@ -240,8 +265,16 @@ class SourceQueue:
 
     @property
     def pending(self) -> int:
-        """Sentences added and not yet encoded."""
-        return len(self.src_ids) - self.next_index
+        """Sentences added and not yet encoded (cancelled ones not counted)."""
+        return len(self.src_ids) - self.next_index - len(self.dropped)
+
+    def cancel(self, indices: set[int]) -> int:
+        """Drop the queued sentences among `indices`, encoded or not; how many there were."""
+        before = len(self.waiting)
+        self.waiting = deque(s for s in self.waiting if s.index not in indices)
+        later = {i for i in indices if self.next_index <= i < len(self.src_ids)} - self.dropped
+        self.dropped |= later
+        return before - len(self.waiting) + len(later)
 
     def next(self) -> QueuedSentence | None:
         """The next sentence, None when every one has had its row."""
@@ -250,8 +283,13 @@ class SourceQueue:
         return self.waiting.popleft() if self.waiting else None
 
     def _encode_more(self) -> None:
-        indices = range(self.next_index, min(self.next_index + self.size, len(self.src_ids)))
-        self.next_index = indices.stop
+        indices: list[int] = []  # the next `size` sentences not cancelled
+        while len(indices) < self.size and self.next_index < len(self.src_ids):
+            if self.next_index in self.dropped:
+                self.dropped.discard(self.next_index)
+            else:
+                indices.append(self.next_index)
+            self.next_index += 1
         special, engine = self.special, self.engine
         src = encode_source_batch([self.src_ids[i] for i in indices], special)  # (B, S)
         src = src.to(self.device)

@@ -228,9 +228,11 @@ class Engine(nn.Module):
         special: SpecialTokens,
         cfg: SearchConfig,
         progress: Callable[[int], object] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Greedy search with continuous batching (`engine.continuous`) on this engine."""
-        return continuous_greedy_search(self, src_ids, special, cfg, progress)
+        """Greedy search with continuous batching (`engine.continuous`) on this engine;
+        `stop` as `search.greedy_search`'s."""
+        return continuous_greedy_search(self, src_ids, special, cfg, progress, stop)
 
     # ---------------------------------------------------------------------------- encoder
 

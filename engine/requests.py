@@ -24,7 +24,8 @@ class RequestStream:
     never reaches the model; a request is done when its last sentence is. `open` says where
     that applies.
 
-    `add` a request (its handle back), then `step` until `live` is 0: each step returns the
+    `add` a request (its handle back), then `step` until `live` is 0 (`cancel` drops requests
+    between steps): each step returns the
     requests that finished, (handle, per sentence its n-best `[(text, score), ...]`, best
     first). `record(sentences, source tokens, target tokens of the best, seconds since
     added)`, if given, is called per request. `context()` is entered around each step
@@ -80,6 +81,16 @@ class RequestStream:
             self.owners[index] = (request, j)
         request.left = len(kept)
         return request.handle
+
+    def cancel(self, handles: list[int]) -> None:
+        """Drop requests `handles` between two steps (their clients have gone): their sentences
+        leave the search, queued or searching, and `step` never returns them; the other
+        requests' translations stay as they were."""
+        gone = {handle for handle in handles if self.requests.pop(handle, None) is not None}
+        indices = [index for index, (request, _) in self.owners.items() if request.handle in gone]
+        for index in indices:
+            del self.owners[index]
+        self.search.cancel(indices)
 
     def step(self) -> list[tuple[int, list[list[tuple[str, float]]]]]:
         """One search step (none when no sentence is searching); the requests done."""

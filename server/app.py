@@ -119,7 +119,7 @@ def counted(handler: Handler) -> Handler:
             message = "the server stopped before this request was complete; retry"
             return JSONResponse({"error": message}, 503)
         except ClientGone:  # its job was dropped; nobody reads this answer
-            service.cancelled += 1
+            service.gone += 1
             return JSONResponse({"error": "the client closed the connection"}, 499)
         except BaseException:
             service.answered += 1  # an error answer

@@ -21,9 +21,11 @@ sentences are done: iteration-level scheduling, as vLLM's. Invariants:
 - every submitted job gets its result or its exception exactly once, also when the server
   shuts down (`close` lets the thread finish every queued job before it returns), unless its
   future was cancelled while it waited: then it is dropped without a model call;
-- a stream whose unanswered jobs have all `gone` (their clients left) stops between two
-  steps, each such job answered `Gone`; a batch call runs to its end (bounded by the
-  server's work limit);
+- a job in a stream whose client has `gone` leaves it between two steps (`Stream.cancel`:
+  its sentences, queued or decoding, are dropped, the other jobs' results unchanged), answered
+  `Gone`; a stream left with no job ends there; a batch call (sampling, glossaries, prefixes,
+  one-request mode) whose jobs have all gone stops between two steps (`translate`'s `stop`),
+  each answered `Gone`;
 - at most `max_queue` jobs wait; beyond that `submit` raises `QueueFull`.
 
 `one_request` (serve.py --no-batching) makes every batch one job, for the load comparison.
@@ -32,6 +34,7 @@ Torch-free: the model is behind the callables.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -50,7 +53,9 @@ logger = logging.getLogger(__name__)
 Langs = tuple[str | None, str | None]
 # translate(cfg, sentences, prefixes, langs[, glossaries=...]) -> one result per sentence, in
 # order (prefixes: one target prefix per sentence, "" for none; glossaries: one `Glossary` or
-# None per sentence, passed only when a job of the batch has one); attention(cfg, sentence, langs)
+# None per sentence, passed only when a job of the batch has one; stop: a callable, true once
+# every job of the batch has gone, passed where `translate` names a `stop` parameter: its
+# search then raises between two steps); attention(cfg, sentence, langs)
 Translate = Callable[..., list[Any]]
 Attention = Callable[[SearchConfig, str, Langs], Any]
 
@@ -64,6 +69,8 @@ class Stream(Protocol):
     def add(self, sentences: list[str]) -> int: ...  # a request's handle
 
     def step(self) -> list[tuple[int, list[Any]]]: ...  # (handle, results) of requests done
+
+    def cancel(self, handles: list[int]) -> None: ...  # drop these requests between steps
 
 
 # open_stream(cfg, langs): a stream for jobs with these options, or None (they are batched)
@@ -103,7 +110,7 @@ class Job:
     langs: Langs = (None, None)  # the pair a multilingual model is asked for
     glossary: Glossary | None = None  # terms the translations must use (translate only)
     future: Future = field(default_factory=Future)
-    # set when the job's client has gone: a stream of only such jobs stops between steps
+    # set when the job's client has gone: the job leaves its stream between two steps
     gone: threading.Event = field(default_factory=threading.Event)
 
 
@@ -148,6 +155,7 @@ class Batcher:
         self._translate, self._attention, self._open_stream = translate, attention, open_stream
         self.max_sentences, self.wait, self.max_queue = max_sentences, wait, max_queue
         self.one_request = one_request
+        self._stops = "stop" in inspect.signature(translate).parameters
         self._pending: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -235,9 +243,10 @@ class Batcher:
                     return
                 for handle, result in stream.step():
                     jobs.pop(handle).future.set_result(result)
-                if jobs and all(job.gone.is_set() for job in jobs.values()):
-                    _drop(jobs.values())  # nobody waits for these: the stream ends here
-                    return
+                gone = [handle for handle, job in jobs.items() if job.gone.is_set()]
+                if gone:  # nobody waits for these: their sentences leave the stream
+                    stream.cancel(gone)
+                    _drop([jobs.pop(handle) for handle in gone])
                 joining = self._stream_joining(first, stream.sentences)
         except Exception as e:  # the thread survives; every job of the stream gets the error
             logger.exception("a stream of %d requests failed", len(jobs) + len(joining))
@@ -297,12 +306,17 @@ class Batcher:
                 terms: dict[str, Any] = {}
                 if any(job.glossary is not None for job in batch):
                     terms["glossaries"] = [job.glossary for job in batch for _ in job.sentences]
+                if self._stops:
+                    terms["stop"] = lambda: all(job.gone.is_set() for job in batch)
                 flat = self._translate(batch[0].cfg, sentences, prefixes, batch[0].langs, **terms)
                 results, start = [], 0
                 for job in batch:
                     results.append(flat[start : start + len(job.sentences)])
                     start += len(job.sentences)
         except Exception as e:  # the thread survives; every job of the batch gets the error
+            if all(job.gone.is_set() for job in batch):  # stopped (`stop`): nobody waits
+                _drop(batch)
+                return
             logger.exception("batch of %d requests failed", len(batch))
             for job in batch:
                 job.future.set_exception(e)

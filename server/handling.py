@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.glossary import Glossary, GlossaryError
@@ -38,7 +38,8 @@ def count_route(service: Service, model: ServedModel, api: str) -> None:
 
 async def read_bytes(request: Request, max_body: int, timeout: float = 30.0) -> bytes:
     """The body; 413 past `max_body` bytes (checked while reading), 408 when it has not all
-    arrived `timeout` seconds after its headers (a slow sender holds no request open)."""
+    arrived `timeout` seconds after its headers (a slow sender holds no request open),
+    `ClientGone` when the client closed the connection first."""
     too_big = error(413, f"request body over {max_body} bytes; send fewer or shorter sentences")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body:
@@ -51,6 +52,8 @@ async def read_bytes(request: Request, max_body: int, timeout: float = 30.0) -> 
                 if size > max_body:
                     raise too_big
                 chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body was in: nobody reads an answer
+        raise ClientGone from None
     except TimeoutError:
         raise error(
             408,

@@ -91,7 +91,8 @@ class Service:
     keys: KeyRing | None = None
     in_flight: int = 0  # /translate and /attention requests received and not yet answered
     answered: int = 0  # ... answered (with a result or an error)
-    cancelled: int = 0  # ... dropped unanswered (shutdown timeout, client gone)
+    cancelled: int = 0  # ... dropped unanswered when the shutdown timeout ran out
+    gone: int = 0  # ... dropped because the client closed its connection first
     uploads: int = 0  # /translate_file requests being read or translated
     metrics: Metrics | None = None  # set by `create_app`
     files: FileStore = field(default_factory=FileStore)  # translated files to download

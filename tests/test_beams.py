@@ -118,3 +118,36 @@ def test_request_stream_answers_beam_requests_as_translator(tokenizer, model) ->
     greedy = RequestStream.open(engine, tokenizer, SearchConfig(beam_size=1))
     assert greedy is not None and not isinstance(greedy.search, BeamStream)
     assert RequestStream.open(engine, tokenizer, SearchConfig(sampling=True)) is None
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_request_stream_cancel_drops_a_request_and_keeps_the_others(
+    tokenizer, model, beam: int
+) -> None:  # noqa: ANN001
+    """`RequestStream.cancel` between steps (serve.py's model thread, for a request whose
+    client has gone): its sentences leave the search, `step` never answers it, and the
+    other requests get what they get without it."""
+    engine = Engine(model).eval()
+    cfg = SearchConfig(beam_size=beam, batch_size=4, max_len_a=2.0, max_len_b=20)
+    requests = [["a b c", "", "d e f g h"], ["b a c c a b", "c a", "a a b"], ["c c c c"]]
+
+    def answers(cancel: bool) -> dict[int, list]:
+        stream = RequestStream.open(engine, tokenizer, cfg)
+        handles = [stream.add(sentences) for sentences in requests[:2]]
+        got = dict(stream.step())
+        if cancel:
+            stream.cancel([handles[1]])
+            assert stream.live == 1 and stream.sentences == 2  # the first request's two
+            # the second's first two were on rows (4 of them), its third queued
+        handles.append(stream.add(requests[2]))
+        while stream.live:
+            got.update(stream.step())
+        return got
+
+    kept, everything = answers(cancel=True), answers(cancel=False)
+    assert sorted(kept) == [0, 2] and sorted(everything) == [0, 1, 2]
+    for handle in (0, 2):
+        texts = [[t for t, _ in n] for n in kept[handle]]
+        assert texts == [[t for t, _ in n] for n in everything[handle]]
+        scores = [s for n in kept[handle] for _, s in n]
+        assert scores == pytest.approx([s for n in everything[handle] for _, s in n], abs=1e-4)

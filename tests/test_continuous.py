@@ -139,6 +139,74 @@ def test_stream_takes_sentences_between_steps_with_the_same_outputs(tiny_model) 
     assert stream.step() == []  # nothing live: no step
 
 
+@pytest.mark.parametrize("beam", [1, 3])
+def test_stream_cancel_drops_a_requests_sentences_and_keeps_the_others_outputs(
+    tiny_model,
+    beam: int,  # noqa: ANN001
+) -> None:
+    """`cancel` between two steps drops sentences on rows and queued: the
+    live rows shrink to the others', `step` never reports the dropped, and every other
+    sentence (also one added after the cancel) gets what it gets without the cancel."""
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
+    src = sources(10, seed=5)
+    cfg = SearchConfig(beam_size=beam, batch_size=4, max_len_a=1.5, max_len_b=8)
+
+    def run(cancel: bool) -> tuple[dict[int, object], list[int]]:
+        stream = GreedyStream(engine, SPECIAL, cfg) if beam == 1 else BeamStream(engine, SPECIAL, cfg)  # fmt: skip
+        stream.add(src[:2])  # the request that stays
+        gone = list(stream.add(src[2:8]))  # the request whose client leaves
+        got: dict[int, object] = {}
+        for _ in range(2):
+            got.update(stream.step())
+        rows = stream.rows if beam == 1 else stream.beams
+        on_rows = [sentence.index for sentence in rows.sentences]
+        assert {2, 3} <= set(on_rows) and not got  # the gone request on rows and queued
+        if cancel:
+            assert stream.cancel(gone) == 6 and stream.live == 2
+            assert [sentence.index for sentence in rows.sentences] == [0, 1]
+        assert list(stream.add(src[8:])) == [8, 9]  # a request after the cancel
+        while stream.live:
+            got.update(stream.step())
+        return got, on_rows
+
+    kept, _ = run(cancel=True)
+    everything, _ = run(cancel=False)
+    assert sorted(kept) == [0, 1, 8, 9]
+    nbest = (lambda found: [found]) if beam == 1 else (lambda found: found)
+    assert_same_results([nbest(kept[i]) for i in kept], [nbest(everything[i]) for i in kept])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_stream_cancel_of_a_first_row_moves_the_live_rows_behind_it(
+    tiny_model,
+    beam: int,  # noqa: ANN001
+) -> None:
+    """A cancelled sentence on the first row leaves a hole that the last live row moves into
+    (its caches copied in place, under inference mode as `step`'s): the moved rows decode on
+    to what they get without the cancel."""
+    engine = Engine(tiny_model(seed=0, **SEARCH_MODEL)).eval()
+    src = sources(6, seed=11)
+    cfg = SearchConfig(beam_size=beam, batch_size=4, max_len_a=1.5, max_len_b=8)
+
+    def run(cancel: bool) -> dict[int, object]:
+        stream = GreedyStream(engine, SPECIAL, cfg) if beam == 1 else BeamStream(engine, SPECIAL, cfg)  # fmt: skip
+        stream.add(src)
+        got = dict(stream.step())
+        rows = stream.rows if beam == 1 else stream.beams
+        first = rows.sentences[0].index
+        if cancel:
+            assert stream.cancel([first]) == 1 and len(rows.sentences) == 3
+            assert first not in [sentence.index for sentence in rows.sentences]
+        while stream.live:
+            got.update(stream.step())
+        return got
+
+    kept, everything = run(cancel=True), run(cancel=False)
+    assert len(kept) == 5 and set(kept) < set(everything)
+    nbest = (lambda found: [found]) if beam == 1 else (lambda found: found)
+    assert_same_results([nbest(kept[i]) for i in kept], [nbest(everything[i]) for i in kept])
+
+
 def feed_between_steps(
     stream: GreedyStream | BeamStream,
     src: list[list[int]],

@@ -413,6 +413,28 @@ def test_a_client_that_stops_sending_cannot_keep_the_server_from_stopping(run_di
         assert "1 request(s) still unanswered after --shutdown-timeout 1 s" in err, err
 
 
+def test_a_client_gone_mid_body_is_no_error_and_no_shutdown_drop(run_dir: Path) -> None:
+    """Half a body, then the connection closed: no traceback in the log (the request is dropped
+    as a client gone, not a 500), and the stop says it was the client, not the shutdown."""
+    with serve(run_dir) as served:
+        host, port = served.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{")
+            deadline = time.monotonic() + 60
+            while request(served.url, "GET", "/health")[1]["in_flight"] < 1:
+                assert time.monotonic() < deadline, "the request never arrived"
+                time.sleep(0.02)
+        while request(served.url, "GET", "/health")[1]["in_flight"] > 0:
+            assert time.monotonic() < deadline, "the dropped request stayed in flight"
+            time.sleep(0.02)
+        served.process.send_signal(signal.SIGTERM)
+        assert served.process.wait(timeout=60) == 0
+        err = served.process.stderr.read()
+    assert "Traceback" not in err and "Exception in ASGI" not in err, err
+    want = "stopped after answering every request it had received (1 dropped: their clients "
+    assert want + "closed the connection first)" in err, err
+
+
 def test_startup_mistakes_are_one_line_errors(run_dir: Path, tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

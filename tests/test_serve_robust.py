@@ -229,6 +229,9 @@ class EndlessStream:
         self.steps.append(1)
         return []
 
+    def cancel(self, handles: list[int]) -> None:
+        self.sentences = 0
+
 
 def test_a_stream_whose_clients_have_gone_stops_between_steps() -> None:
     """A started job whose client has gone (`Job.gone`) stops its stream at the next step,
@@ -247,6 +250,104 @@ def test_a_stream_whose_clients_have_gone_stops_between_steps() -> None:
     endless.gone.set()
     with pytest.raises(Gone):
         endless.future.result(timeout=30)
+    after = batcher.submit(Job(SearchConfig(beam_size=2), ["b"]))
+    assert after.result(timeout=30) == [[("B", -1.0)]]
+    batcher.close()
+
+
+class CountedStream:
+    """A stream whose request of n sentences takes 4 * n steps, answered upper-cased; it
+    logs each step's live handles and each cancel; step t waits for `hold[t]`, if any."""
+
+    def __init__(self, log: list, hold: dict[int, threading.Event]) -> None:
+        self.log, self.hold, self.running, self.sentences = log, hold, {}, 0
+        self.handles = 0
+
+    def add(self, sentences: list[str]) -> int:
+        handle, self.handles = self.handles, self.handles + 1
+        self.running[handle] = [sentences, 4 * len(sentences)]
+        self.sentences += len(sentences)
+        return handle
+
+    def step(self) -> list:
+        self.log.append(sorted(self.running))
+        if len(self.log) in self.hold:
+            assert self.hold[len(self.log)].wait(30)
+        done = []
+        for handle, request in list(self.running.items()):
+            request[1] -= 1
+            if request[1] == 0:
+                done.append((handle, [s.upper() for s in request[0]]))
+                self.sentences -= len(request[0])
+                del self.running[handle]
+        return done
+
+    def cancel(self, handles: list[int]) -> None:
+        self.log.append(("cancel", handles))
+        for handle in handles:
+            self.sentences -= len(self.running.pop(handle)[0])
+
+
+def test_a_gone_job_leaves_its_stream_between_steps_while_the_others_go_on() -> None:
+    """A job whose client has gone leaves the stream it shares at the next step (its
+    sentences cancelled, answered `Gone`) while the other job steps on to its own answer
+    (was: the stream decoded it for as long as any job in it had a client)."""
+    log: list = []
+    hold = {1: threading.Event(), 3: threading.Event()}
+    model = Model()
+
+    def open_stream(cfg: SearchConfig, langs: tuple) -> CountedStream | None:
+        return CountedStream(log, hold)
+
+    batcher = Batcher(model.translate, model.attention, 64, 0.0, 8, open_stream=open_stream)
+    left = Job(SearchConfig(beam_size=1), ["x"] * 10)  # 40 steps
+    stays = Job(SearchConfig(beam_size=1), ["a", "b"])  # 8 steps
+    batcher.submit(left)
+    batcher.submit(stays)  # it joins after the first step
+    hold[1].set()
+    while len(log) < 3:  # both in the stream, the third step waiting
+        threading.Event().wait(0.01)
+    left.gone.set()
+    hold[3].set()
+    with pytest.raises(Gone):
+        left.future.result(timeout=30)
+    assert stays.future.result(timeout=30) == ["A", "B"]
+    batcher.close()
+    cancels = [entry for entry in log if entry[0] == "cancel"]
+    assert cancels == [("cancel", [0])]
+    after = log[log.index(cancels[0]) + 1 :]
+    # the staying job (joined after the first step) alone for the rest of its 8 steps
+    assert log[:3] == [[0], [0, 1], [0, 1]] and after == [[1]] * 6
+
+
+def test_a_batch_call_whose_clients_have_gone_stops_between_steps() -> None:
+    """A batch call (here a sampling job, which never streams) gets `stop`, checked between
+    its steps: once its client has gone the search stops there, the job answered `Gone`, and
+    the next job is served (was: the call decoded to its budget)."""
+    steps: list[int] = []
+    hold = threading.Event()
+
+    def translate(
+        cfg: SearchConfig, sentences: list[str], prefixes: list, langs: tuple, stop: Any = None
+    ) -> list:
+        for step in range(1000):  # a search to a budget of 1000 steps
+            if stop is not None and stop():
+                raise RuntimeError("cancelled")  # as `search.Cancelled`
+            steps.append(step)
+            if step == 2:
+                assert hold.wait(30)
+        return [[(s.upper(), -1.0)] for s in sentences]
+
+    batcher = Batcher(translate, Model().attention, 8, 0.0, 8)
+    sampled = Job(SearchConfig(sampling=True), ["a"])
+    batcher.submit(sampled)
+    while len(steps) < 3:  # decoding, its third step waiting
+        threading.Event().wait(0.01)
+    sampled.gone.set()
+    hold.set()
+    with pytest.raises(Gone):
+        sampled.future.result(timeout=30)
+    assert steps == [0, 1, 2]  # stopped before its fourth step
     after = batcher.submit(Job(SearchConfig(beam_size=2), ["b"]))
     assert after.result(timeout=30) == [[("B", -1.0)]]
     batcher.close()
