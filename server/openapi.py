@@ -7,27 +7,11 @@ Schemathesis (tests/test_serve_api.py). Torch-free.
 
 from __future__ import annotations
 
-import types
-from dataclasses import fields
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any
 
 from attnmt.server.documents import FORMATS
-from attnmt.server.handling import MAX_TERM_CHARS, MAX_TERMS
-from attnmt.server.options import INT_RANGE, option_names
-from attnmt.server.service import Limits, ServedModel, Service
-
-# A request's glossary: source term -> target term (empty terms are 422/400: not said here).
-GLOSSARY = {
-    "type": "object",
-    "additionalProperties": {"type": "string", "maxLength": MAX_TERM_CHARS},
-    "maxProperties": MAX_TERMS,
-    "nullable": True,
-    "description": 'terms the translations must use, {"source term": "target term"}; '
-    "over the model's default glossary (serve.py --glossary), entry by entry; at most "
-    f"{MAX_TERMS} entries, each term at most {MAX_TERM_CHARS} characters",
-}
-# ... in a form: that object as JSON text
-GLOSSARY_TEXT = {"type": "string", "description": "the glossary, a JSON object as text"}
+from attnmt.server.requests import Types
+from attnmt.server.service import Service
 
 ERROR = {
     "type": "object",
@@ -36,62 +20,19 @@ ERROR = {
 }
 
 
-def option_schemas(
-    defaults: Any, max_beam: int, max_work: int | None = None
-) -> dict[str, dict[str, Any]]:
-    """One JSON schema per request option (the fields of `type(defaults)`); `nbest` at most
-    `max_work` (the work limit, `x-limits`, bounds it further)."""
-    hints = get_type_hints(type(defaults))
-    meta = {f.name: f.metadata for f in fields(type(defaults))}
-    schemas = {}
-    for name in option_names(type(defaults)):
-        schema = _schema(hints[name])
-        minimum = meta[name].get("min")
-        if minimum is not None:
-            schema["minimum"] = minimum
-        if name == "beam_size":
-            schema["maximum"] = max_beam
-        if name == "nbest" and max_work is not None:  # sampled: at least 1 token each
-            schema["maximum"] = max_work
-        if name in ("topp", "temperature"):  # SearchConfig's own checks: (0, 1] and > 0
-            schema.update(minimum=0, exclusiveMinimum=True)
-            if name == "topp":
-                schema["maximum"] = 1
-        help_text = meta[name].get("help")
-        if help_text:
-            schema["description"] = help_text
-        schema["default"] = getattr(defaults, name)
-        schemas[name] = schema
-    return schemas
-
-
 def _schema(kind: Any) -> dict[str, Any]:
-    origin = get_origin(kind)
-    if origin is Literal:
-        return {"type": "string", "enum": list(get_args(kind))}
-    if origin in (Union, types.UnionType):
-        members = [m for m in get_args(kind) if m is not type(None)]
-        schema = (
-            _schema(members[0]) if len(members) == 1 else {"anyOf": [_schema(m) for m in members]}
-        )
-        return {**schema, "nullable": True}
-    if kind is bool:
-        return {"type": "boolean"}
-    if kind is int:
-        return {"type": "integer", "minimum": INT_RANGE[0], "maximum": INT_RANGE[1]}
-    if kind is float:
-        return {"type": "number"}
-    return {"type": "string"}
+    """A request type's JSON Schema (2020-12, OpenAPI 3.1's dialect), defaults included."""
+    return kind.model_json_schema()
 
 
-def openapi_document(service: Service) -> dict[str, Any]:
-    """The document of a server serving `service` (its models, defaults and limits)."""
+def openapi_document(service: Service, types: Types) -> dict[str, Any]:
+    """The document of a server serving `service` (its models, defaults and limits), whose
+    requests are `types` (`requests.request_types`)."""
     limits = service.limits
-    options = option_schemas(service.defaults, limits.max_beam, limits.max_work)
-    ours, attention_request = _our_requests(service.models, limits, options)
-    lt_json, lt_form = _libretranslate_requests(service.models, limits)
+    ours, attention_request = _schema(types.ours), _schema(types.attention)
+    lt_json, lt_form = _schema(types.lt_json), _schema(types.lt_form)
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {
             "title": "attnmt serve.py",
             "version": "1",
@@ -110,146 +51,9 @@ def openapi_document(service: Service) -> dict[str, Any]:
         "paths": {
             **_post_paths(ours, lt_json, lt_form, attention_request),
             **_get_paths(),
-            **_libretranslate_paths(),
+            **_libretranslate_paths(_schema(types.detect), _schema(types.upload)),
         },
     }
-
-
-def _codes(values: list[str], what: str) -> dict[str, Any]:
-    """A routing key: one of `values` (any string when there are none); null counts as not
-    given."""
-    schema: dict[str, Any] = {"type": "string", "nullable": True, "description": what}
-    return {**schema, "enum": [*values, None]} if values else schema
-
-
-def _our_requests(
-    models: list[ServedModel], limits: Limits, options: dict[str, dict[str, Any]]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Our `/translate` and `/attention` request bodies."""
-    text = {"type": "string", "maxLength": limits.max_chars}
-    sources = sorted({c for m in models for c in m.sources})
-    targets = sorted({c for m in models for c in m.targets})
-    routing = {
-        "model": _codes([m.id for m in models], "a model id (GET /models)"),
-        "src_lang": _codes(sources, "a source language of a served model"),
-        "tgt_lang": _codes(targets, "a target language of a served model"),
-        "source": _codes(sources, "same as src_lang (one of the two)"),
-        "target": _codes(targets, "same as tgt_lang (one of the two)"),
-        "api_key": {"type": "string", "description": "needed when the server has --api-keys"},
-    }
-    # The pairs served: a request's languages (and model id) must be those of one model.
-    our_pairs = [
-        {
-            "properties": {
-                "model": {"enum": [m.id, None]},
-                **{k: {"enum": [*m.sources, None]} for k in ("src_lang", "source") if m.sources},
-                **{k: {"enum": [*m.targets, None]} for k in ("tgt_lang", "target") if m.targets},
-            }
-        }
-        for m in models
-    ]
-    ours = {
-        "type": "object",
-        "title": "attnmt request",
-        "required": ["sentences"],
-        "additionalProperties": False,
-        "anyOf": our_pairs,
-        "properties": {
-            "sentences": {"type": "array", "items": text, "maxItems": limits.max_sentences},
-            "prefixes": {
-                "type": "array",
-                "items": text,
-                "maxItems": limits.max_sentences,
-                "nullable": True,
-                "description": "a forced target prefix per sentence ('' for none)",
-            },
-            "split_sentences": {
-                "type": "boolean",
-                "nullable": True,  # null: the default
-                "default": False,
-                "description": "each of sentences is a text that may hold several sentences: "
-                "split, translated and rejoined (not with prefixes or nbest > 1)",
-            },
-            "glossary": GLOSSARY,
-            **routing,
-            **options,
-        },
-    }
-    attention_request = {
-        "type": "object",
-        "required": ["sentence"],
-        "additionalProperties": False,
-        "anyOf": our_pairs,
-        "properties": {"sentence": {**text, "pattern": "\\S"}, **routing, **options},
-    }
-    return ours, attention_request
-
-
-def _libretranslate_requests(
-    models: list[ServedModel], limits: Limits
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """LibreTranslate's `/translate` request bodies: JSON, and a form."""
-    lt_pairs = [
-        {
-            "properties": {
-                "source": {"enum": m.sources + (["auto"] if len(m.sources) == 1 else [])},
-                "target": {"enum": m.targets},
-            }
-        }
-        for m in models
-        if m.sources and m.targets
-    ]
-    lt_fields = {
-        "source": {"type": "string", "minLength": 1, "description": "source language or auto"},
-        "target": {"type": "string", "minLength": 1},
-        "format": {
-            "type": "string",
-            "enum": ["text", "html", "", None],
-            "nullable": True,
-            "default": "text",
-        },
-        "alternatives": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": limits.max_beam - 1,
-            "nullable": True,
-        },
-        "api_key": {"type": "string"},
-        "split_sentences": {
-            "type": "boolean",
-            "nullable": True,  # null: the default
-            "default": True,
-            "description": "split each line or text node into sentences before translating",
-        },
-    }
-    libretranslate = {
-        "type": "object",
-        "title": "LibreTranslate request",
-        "required": ["q", "source", "target"],
-        "anyOf": lt_pairs,
-        "properties": {
-            "q": {
-                "oneOf": [
-                    {"type": "string", "minLength": 1},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                ],
-                "description": "the text (its lines, or its text nodes for html, are sentences)",
-            },
-            **lt_fields,
-            "glossary": GLOSSARY,
-        },
-    }
-    lt_form = {
-        "type": "object",
-        "required": ["q", "source", "target"],
-        "anyOf": lt_pairs,
-        "properties": {
-            "q": {"type": "string", "minLength": 1},
-            **lt_fields,
-            "glossary": GLOSSARY_TEXT,
-        },
-    }
-    return libretranslate, lt_form
 
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
@@ -374,23 +178,7 @@ def _post_paths(
 
 
 def _libretranslate_schemas() -> dict[str, dict[str, Any]]:
-    """The bodies of LibreTranslate's other calls: detect (request, answer), upload,
-    settings, file_url."""
-    key = {"type": "string", "description": "needed when the server has --api-keys"}
-    detect = {
-        "type": "object",
-        "required": ["q"],
-        "properties": {
-            "q": {
-                "oneOf": [
-                    {"type": "string", "pattern": "\\S"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                ],
-                "description": "the text (a list: detected together)",
-            },
-            "api_key": key,
-        },
-    }
+    """The answers of LibreTranslate's other calls: detections, settings, file_url."""
     detections = {
         "type": "array",
         "items": {
@@ -400,17 +188,6 @@ def _libretranslate_schemas() -> dict[str, dict[str, Any]]:
                 "confidence": {"type": "number", "minimum": 0, "maximum": 100},
                 "language": {"type": "string"},
             },
-        },
-    }
-    upload = {
-        "type": "object",
-        "required": ["file", "source", "target"],
-        "properties": {
-            "file": {"type": "string", "format": "binary", "description": ".txt, .html or .docx"},
-            "source": {"type": "string", "description": "source language or auto"},
-            "target": {"type": "string"},
-            "api_key": key,
-            "glossary": GLOSSARY_TEXT,
         },
     }
     named = {"code": {"type": "string"}, "name": {"type": "string"}}
@@ -438,21 +215,14 @@ def _libretranslate_schemas() -> dict[str, dict[str, Any]]:
         "required": ["translatedFileUrl"],
         "properties": {"translatedFileUrl": {"type": "string"}},
     }
-    return {
-        "detect": detect,
-        "detections": detections,
-        "upload": upload,
-        "settings": settings,
-        "file_url": file_url,
-    }
+    return {"detections": detections, "settings": settings, "file_url": file_url}
 
 
-def _libretranslate_paths() -> dict[str, Any]:
+def _libretranslate_paths(detect: dict[str, Any], upload: dict[str, Any]) -> dict[str, Any]:
     """LibreTranslate's other calls: `/detect`, `/frontend/settings`, `/translate_file`,
-    `/download_file/{name}`."""
+    `/download_file/{name}`, with the request bodies `detect` and `upload`."""
     schemas = _libretranslate_schemas()
-    detect, detections = schemas["detect"], schemas["detections"]
-    upload, settings, file_url = schemas["upload"], schemas["settings"], schemas["file_url"]
+    detections, settings, file_url = schemas["detections"], schemas["settings"], schemas["file_url"]
     return {
         "/detect": {
             "post": {
