@@ -246,7 +246,7 @@ def _their_problem(err: Any, types: Types, limits: Limits) -> str:
     loc, kind, value = err["loc"], err["type"], err.get("input")
     key = loc[0]
     empty = kind in ("missing", "too_short", "string_too_short", "string_pattern_mismatch")
-    if key in ("q", "source", "target", "file") and (empty or value in ("", [])):
+    if key in ("q", "source", "target", "file") and (empty or value in ("", [], None)):
         return f"{LT}missing {key} parameter"
     if key == "q":
         return f"{LT}q must be a string or a list of strings"
