@@ -112,7 +112,7 @@ def option_problem(err: Any, config_type: type = SearchConfig, caps: Caps | None
     if caps and key in caps and ctx.get("le") == caps[key][0]:
         return (
             f"option {key!r} is {value}, the limit is {caps[key][0]} (serve.py "
-            f"{caps[key][1]}); ask for less"
+            f"{caps[key][1]}); lower {key!r}"
         )
     meta = {f.name: f.metadata for f in fields(config_type)}.get(key, {})
     if {"ge", "gt", "le"} & set(ctx) and meta.get(bounds_key(ctx)) is not None:
