@@ -21,6 +21,7 @@ from attnmt.decoding.config import MAX_LENGTH_PENALTY, SearchConfig
 from attnmt.server.app import create_app
 from attnmt.server.batcher import Batcher, Gone, Job
 from attnmt.server.documents import MAX_UPLOADS, FileError, parse_file, safe_name
+from attnmt.server.handling import MAX_TERM_CHARS, MAX_TERMS
 from attnmt.server.service import Limits, ServedModel, Service
 
 LIMITS = Limits(64, 1000, 16, 1024, max_work=32768)
@@ -282,4 +283,11 @@ def test_each_option_bound_is_stated_once_in_decoding_and_both_checked_and_docum
     assert status == 400 and "alternatives" in answer["error"]
     lt_schema = content["application/json"]["schema"]["oneOf"][1]["properties"]
     assert lt_schema["alternatives"]["anyOf"][0]["maximum"] == LIMITS.max_beam - 1
+    terms = ours["glossary"]["anyOf"][0]  # both terms bounded, as the check bounds them
+    assert terms["maxProperties"] == MAX_TERMS
+    assert terms["propertyNames"]["maxLength"] == MAX_TERM_CHARS
+    assert terms["additionalProperties"]["maxLength"] == MAX_TERM_CHARS
+    long_source = {"sentences": ["a"], "glossary": {"a" * (MAX_TERM_CHARS + 1): "b"}}
+    status, answer = call(service, "POST", "/translate", json.dumps(long_source).encode())
+    assert status == 422 and "limit is 128" in answer["error"], answer
     assert model.calls == []
