@@ -101,9 +101,9 @@ class InProcess:
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         from attnmt.server.batcher import Job
-        from attnmt.server.options import search_config
+        from attnmt.server.options import apply_options
 
-        cfg = search_config({"beam_size": body["beam_size"]}, self.defaults)  # as serve.py's
+        cfg = apply_options({"beam_size": body["beam_size"]}, self.defaults)  # as serve.py's
         found = self.batcher.submit(Job(cfg, body["sentences"])).result()
         return 200, {"translations": [nbest[0][0] for nbest in found]}
 

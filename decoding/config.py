@@ -18,11 +18,39 @@ LP_TYPES: tuple[str, ...] = get_args(LengthPenaltyType)
 MAX_LENGTH_PENALTY = 20.0
 
 
-def _option(default: Any, help: str, minimum: float | None = None, flag: str = "") -> Any:
-    """A dataclass field whose metadata holds the help text, the lower bound and the CLI flag
-    (default: `--` + the name with dashes). Help texts name other options by field name; the
-    CLI shows them as flags."""
-    return field(default=default, metadata={"help": help, "min": minimum, "flag": flag})
+def _option(
+    default: Any,
+    help: str,
+    minimum: float | None = None,
+    flag: str = "",
+    *,
+    above: float | None = None,
+    maximum: float | None = None,
+) -> Any:
+    """A dataclass field whose metadata holds the help text, the bounds (`min` and `max`
+    inclusive, `above` exclusive) and the CLI flag (default: `--` + the name with dashes).
+    Help texts name other options by field name; the CLI shows them as flags. The bounds are
+    the one statement of each limit: `SearchConfig` checks them, the server's request types
+    (`server.options`) are built from them."""
+    meta = {"help": help, "min": minimum, "above": above, "max": maximum, "flag": flag}
+    return field(default=default, metadata=meta)
+
+
+def bounds_text(meta: Any) -> str:
+    """A field's bounds (its metadata) as a message says them: ">= 1", "in (0, 1]"."""
+    low, above, high = meta.get("min"), meta.get("above"), meta.get("max")
+    if high is not None:
+        return f"in {'(' if above is not None else '['}{low if above is None else above}, {high}]"
+    return f"> {above}" if above is not None else f">= {low}"
+
+
+def within_bounds(value: Any, meta: Any) -> bool:
+    low, above, high = meta.get("min"), meta.get("above"), meta.get("max")
+    return not (
+        (low is not None and value < low)
+        or (above is not None and value <= above)
+        or (high is not None and value > high)
+    )
 
 
 @dataclass
@@ -39,6 +67,8 @@ class SearchConfig:
     length_penalty: float = _option(
         1.0,
         "alpha: hypotheses are ranked by log-prob / length penalty (see lp_type); 0 = raw log-prob",
+        -MAX_LENGTH_PENALTY,
+        maximum=MAX_LENGTH_PENALTY,
     )
     lp_type: LengthPenaltyType = _option(
         "fairseq", "length penalty formula: fairseq = len**alpha, gnmt = ((5 + len) / 6)**alpha"
@@ -54,10 +84,13 @@ class SearchConfig:
     )
     topk: int = _option(0, "sampling: draw from the k most probable tokens only; 0 = all", 0)
     topp: float = _option(
-        1.0, "sampling: draw from the smallest set of tokens whose probability reaches p", 0
+        1.0,
+        "sampling: draw from the smallest set of tokens whose probability reaches p",
+        above=0,
+        maximum=1,
     )
     temperature: float = _option(
-        1.0, "sampling: divide the logits by this; < 1 sharpens, > 1 flattens", 0
+        1.0, "sampling: divide the logits by this; < 1 sharpens, > 1 flattens", above=0
     )
     seed: int = _option(1, "sampling: random seed; the same seed and input give the same output")
 
@@ -66,20 +99,10 @@ class SearchConfig:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):  # NaN passes every <
                 raise ValueError(f"{f.name} must be a finite number, got {value}")
-            minimum = f.metadata["min"]
-            if minimum is not None and getattr(self, f.name) < minimum:
-                raise ValueError(f"{f.name} must be >= {minimum}, got {getattr(self, f.name)}")
+            if not within_bounds(value, f.metadata):
+                raise ValueError(f"{f.name} must be {bounds_text(f.metadata)}, got {value}")
         if self.nbest > self.beam_size and not self.sampling:
             raise ValueError(f"nbest must be in 1..beam_size={self.beam_size}, got {self.nbest}")
-        if not abs(self.length_penalty) <= MAX_LENGTH_PENALTY:  # len**alpha stays a float
-            raise ValueError(
-                f"length_penalty must be in [-{MAX_LENGTH_PENALTY}, {MAX_LENGTH_PENALTY}], "
-                f"got {self.length_penalty}"
-            )
-        if not 0 < self.topp <= 1:
-            raise ValueError(f"topp must be in (0, 1], got {self.topp}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.lp_type not in LP_TYPES:
             raise ValueError(f"lp_type must be 'fairseq' or 'gnmt', got {self.lp_type!r}")
 

@@ -48,14 +48,12 @@ from attnmt.server.handling import (
 )
 from attnmt.server.metrics import Metrics, Middleware
 from attnmt.server.openapi import openapi_document
-from attnmt.server.options import OptionError, as_dict, search_config
-from attnmt.server.service import Limits, RoutingError, ServedModel, Service
-from attnmt.server.splitting import split_option, split_ours, splits_sentences
+from attnmt.server.options import OptionError, as_dict, option_names, with_options
+from attnmt.server.requests import checked, request_types
+from attnmt.server.service import RoutingError, ServedModel, Service
+from attnmt.server.splitting import split_ours
 
 STATIC = Path(__file__).resolve().parent / "static"
-
-# Body keys that pick the model (ours: `model`, `src_lang`/`tgt_lang` or `source`/`target`).
-ROUTING_KEYS = ("model", "src_lang", "tgt_lang", "source", "target")
 
 Handler = Callable[[Request], Any]
 
@@ -92,7 +90,8 @@ def create_app(service: Service, on_startup: Callable[[], None] | None = None) -
     lifespan = partial(_lifespan, on_startup=on_startup)
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.service = service
-    app.state.openapi = openapi_document(service)  # made once: the service does not change
+    service.types = request_types(service)  # made once: the service does not change
+    app.state.openapi = openapi_document(service, service.types)
     paths = {r.path for r in routes if isinstance(r, Route)}
     return Middleware(app, service.metrics, paths)
 
@@ -163,19 +162,25 @@ async def translate(request: Request) -> JSONResponse:
 
 def _our_job(body: dict[str, Any], service: Service) -> tuple[ServedModel, Job, Any]:
     """Our request's (model, job, split texts or None), every field and limit checked (on a
-    worker thread: splitting, tokenizing and glossary checks)."""
+    worker thread: validating, splitting, tokenizing and glossary checks)."""
     limits = service.limits
-    sentences = _sentences(body, limits)
-    prefixes = _prefixes(body, sentences, limits)
-    split = split_option(body, False, 422)
-    terms = body.pop("glossary", None)
-    model, langs = _our_route(body, service)
-    cfg = _options(body, service, model)
+    req = checked(service.types.ours, body, service.types, limits)
+    split = bool(req.split_sentences)  # split: each line a paragraph, its breaks kept
+    sentences = req.sentences if split else [_one_line(s) for s in req.sentences]
+    prefixes = None if req.prefixes is None else [_one_line(p) for p in req.prefixes]
+    if prefixes is not None and len(prefixes) != len(sentences):
+        raise error(
+            422,
+            f"{len(prefixes)} prefixes for {len(sentences)} sentences; send one per "
+            'sentence ("" for none)',
+        )
+    model, langs = _our_route(req, service)
+    cfg = _options(req, service, model)
     texts = split_ours(sentences, prefixes, cfg.nbest, model, langs[0], limits) if split else None
     if texts is not None:
         sentences = texts.sentences
     check_output_budget(cfg, sentences, model, limits)
-    glossary = job_glossary(terms, model, cfg, sentences, prefixes, langs, 422)
+    glossary = job_glossary(req.glossary, model, cfg, sentences, prefixes, langs, 422)
     return model, Job(cfg, sentences, prefixes=prefixes, langs=langs, glossary=glossary), texts
 
 
@@ -190,15 +195,10 @@ async def attention(request: Request) -> JSONResponse:
 
 
 def _attention_job(body: dict[str, Any], service: Service) -> tuple[ServedModel, Job]:
-    sentence = body.pop("sentence", None)
-    if not isinstance(sentence, str):
-        raise error(400, '\'sentence\' must be a string; send {"sentence": "..."}')
-    sentence = _one_line(sentence)
-    if not sentence.strip():
-        raise error(422, "'sentence' is empty; send a sentence to translate")
-    _check_lengths([sentence], service.limits.max_chars, "sentence")
-    model, langs = _our_route(body, service)
-    cfg = _options(body, service, model)
+    req = checked(service.types.attention, body, service.types, service.limits)
+    sentence = _one_line(req.sentence)
+    model, langs = _our_route(req, service)
+    cfg = _options(req, service, model)
     check_output_budget(cfg, [sentence], model, service.limits)
     _check_attention_size(cfg, sentence, model)
     return model, Job(cfg, [sentence], attention=True, langs=langs)
@@ -276,61 +276,17 @@ def _model_entry(model: ServedModel) -> dict[str, Any]:
     }
 
 
-def _sentences(body: dict[str, Any], limits: Limits) -> list[str]:
-    """Our `sentences`, popped from `body`: a list of strings, within the limits."""
-    sentences = body.pop("sentences", None)
-    if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
-        raise error(
-            400,
-            "'sentences' must be a list of strings; send {\"sentences\": [...]} (or "
-            'LibreTranslate\'s {"q": ..., "source": ..., "target": ...})',
-        )
-    if len(sentences) > limits.max_sentences:
-        raise error(
-            413,
-            f"{len(sentences)} sentences in one request, the limit is "
-            f"{limits.max_sentences} (serve.py --max-sentences); split the request",
-        )
-    if not splits_sentences(body):  # split: each line a paragraph, its breaks kept
-        sentences = [_one_line(s) for s in sentences]
-    _check_lengths(sentences, limits.max_chars, "sentences")
-    return sentences
-
-
-def _prefixes(body: dict[str, Any], sentences: list[str], limits: Limits) -> list[str] | None:
-    """Our `prefixes`, popped from `body`: None, or one string per sentence."""
-    prefixes = body.pop("prefixes", None)
-    if prefixes is None:
-        return None
-    if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes):
-        raise error(400, "'prefixes' must be a list of strings, one per sentence")
-    if len(prefixes) != len(sentences):
-        raise error(
-            422,
-            f"{len(prefixes)} prefixes for {len(sentences)} sentences; send one per "
-            'sentence ("" for none)',
-        )
-    prefixes = [_one_line(p) for p in prefixes]
-    _check_lengths(prefixes, limits.max_chars, "prefixes")
-    return prefixes
-
-
-def _our_route(
-    body: dict[str, Any], service: Service
-) -> tuple[ServedModel, tuple[str | None, str | None]]:
-    """Our API's routing keys, popped from `body`: `model`, and `src_lang`/`tgt_lang` (or
-    LibreTranslate's names `source`/`target`)."""
-    values = {key: body.pop(key, None) for key in ROUTING_KEYS}
-    for key, value in values.items():
-        if value is not None and not isinstance(value, str):
-            raise error(422, f"{key!r} must be a string (a model id or a language code)")
+def _our_route(req: Any, service: Service) -> tuple[ServedModel, tuple[str | None, str | None]]:
+    """Our API's routing fields: `model`, and `src_lang`/`tgt_lang` (or LibreTranslate's
+    names `source`/`target`)."""
     for ours, theirs in (("src_lang", "source"), ("tgt_lang", "target")):
-        if None not in (values[ours], values[theirs]) and values[ours] != values[theirs]:
+        mine, other = getattr(req, ours), getattr(req, theirs)
+        if None not in (mine, other) and mine != other:
             raise error(422, f"{ours!r} and {theirs!r} differ; send one of them")
-    src = values["src_lang"] if values["src_lang"] is not None else values["source"]
-    tgt = values["tgt_lang"] if values["tgt_lang"] is not None else values["target"]
+    src = req.src_lang if req.src_lang is not None else req.source
+    tgt = req.tgt_lang if req.tgt_lang is not None else req.target
     try:
-        return service.route(values["model"], src, tgt)
+        return service.route(req.model, src, tgt)
     except RoutingError as e:
         raise error(422, str(e)) from None
 
@@ -349,27 +305,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
-def _check_lengths(sentences: list[str], max_chars: int, name: str) -> None:
-    for i, sentence in enumerate(sentences):
-        if len(sentence) > max_chars:
-            where = f"{name}[{i}]" if name in ("sentences", "prefixes") else name
-            raise error(
-                413,
-                f"{where} has {len(sentence)} characters, the limit is {max_chars} "
-                "(serve.py --max-chars); split it",
-            )
-
-
-def _options(body: dict[str, Any], service: Service, model: ServedModel) -> SearchConfig:
-    """The request's options: its fields over the model's defaults (`Service.defaults_for`)."""
+def _options(req: Any, service: Service, model: ServedModel) -> SearchConfig:
+    """The request's options (its type checked them): its fields over the model's defaults
+    (`Service.defaults_for`), then `SearchConfig`'s checks across fields."""
+    names = set(option_names(type(service.defaults)))
+    given = {k: getattr(req, k) for k in req.model_fields_set if k in names}
     try:
-        cfg = search_config(body, service.defaults_for(model))
+        return with_options(service.defaults_for(model), given)
     except OptionError as e:
         raise error(422, str(e)) from None
-    if cfg.beam_size > service.limits.max_beam:
-        raise error(
-            422,
-            f"option 'beam_size' is {cfg.beam_size}, the limit is {service.limits.max_beam} "
-            "(serve.py --max-beam); ask for a smaller beam",
-        )
-    return cfg

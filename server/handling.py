@@ -145,22 +145,18 @@ def job_glossary(
     prefix: str = "",
 ) -> Glossary | None:
     """The glossary a request's job runs with: the request's `glossary` (`value`: None, or
-    `{"source term": "target term"}`; a form's, `form_field` first) over the model's
+    `{"source term": "target term"}`, checked by `requests.Terms`) over the model's
     default (serve.py --glossary), the request's entries winning per source term; None where
     none of `sentences` holds one of its terms (the job may then join a stream).
 
-    Errors: 400 for a value that is not such an object; `status` (with `prefix`, the API's
+    Errors: 400 for a lone surrogate; `status` (with `prefix`, the API's
     message start) for an entry `Glossary` rejects (an empty term, one source term given two
     targets), a term over its sentence's output budget, or terms with sampling.
     """
     glossary = model.glossary
     if value is not None:
-        shape = '{"source term": "target term", ...}'
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise error(400, f"{prefix}'glossary' must be a JSON object of strings, {shape}")
         if any(not _unicode(k) or not _unicode(v) for k, v in value.items()):
             raise error(400, f"{prefix}'glossary' holds a lone surrogate; send valid Unicode")
-        _check_terms_size(value, status, prefix)
         try:
             own = Glossary.from_mapping(value)
         except GlossaryError as e:
@@ -181,25 +177,10 @@ def job_glossary(
     return glossary
 
 
-# A request's glossary: entries, and characters per term, checked before any term is searched
-# for, so that a request's glossary work stays small whatever its body holds.
+# A request's glossary: entries, and characters per term, bounded (`requests.Terms`) before
+# any term is searched for, so that a request's glossary work stays small whatever it holds.
 MAX_TERMS = 1024
 MAX_TERM_CHARS = 128
-
-
-def _check_terms_size(value: dict[str, str], status: int, prefix: str) -> None:
-    if len(value) > MAX_TERMS:
-        raise error(
-            status, f"{prefix}'glossary' has {len(value)} entries, the limit is {MAX_TERMS}"
-        )
-    for source, target in value.items():
-        term = max(source, target, key=len)
-        if len(term) > MAX_TERM_CHARS:
-            raise error(
-                status,
-                f"{prefix}the glossary term {term[:20]!r}... has {len(term)} characters, the "
-                f"limit is {MAX_TERM_CHARS}; shorten it",
-            )
 
 
 def form_field(value: Any) -> Any:

@@ -55,8 +55,9 @@ from attnmt.server.handling import (
     submit,
 )
 from attnmt.server.html import Document
+from attnmt.server.requests import LT, checked, glossary_terms
 from attnmt.server.service import Limits, RoutingError, ServedModel, Service
-from attnmt.server.splitting import Texts, check_limits, source_language, split_option
+from attnmt.server.splitting import Texts, check_limits, source_language
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default: the page waits this long after typing
@@ -161,9 +162,9 @@ async def translate(
     """LibreTranslate's `/translate` (the body read, its API key checked): its fields,
     answers and codes (the module docstring). The text is checked against the limits
     before it is parsed, and parsed and split on a worker thread."""
-    fields = _fields(body, form, service.limits.max_beam)
+    fields, req = _fields(body, form, service)
     _check_size(fields.texts, service)
-    split = split_option(body, True, 400, "Invalid request: ")
+    split = True if req.split_sentences is None else req.split_sentences
     detected = await _detected(fields.texts, fields.fmt, fields.source, service)
     source = fields.source if detected is None else detected["language"]
     routed = _route(source, fields.target, service)
@@ -178,7 +179,7 @@ async def translate(
     if fields.alternatives:
         n = fields.alternatives + 1
         cfg = replace(cfg, beam_size=max(cfg.beam_size, n), nbest=n)
-    terms = form_field(body.get("glossary")) if form else body.get("glossary")
+    terms = glossary_terms(form_field(req.glossary), 400, LT) if form else req.glossary
     lang = source_language(model.sources, source)
     texts, job = await off_loop(_text_job, fields, lang, split, cfg, langs, model, service, terms)
     hyps = await _translated(service, model, job, request)
@@ -266,12 +267,9 @@ async def detect(request: Request) -> JSONResponse:
     limits = service.limits
     body, _ = await read_body(request, limits)
     check_key(body, request, service)
-    q = body.get("q")
-    if isinstance(q, list) and all(isinstance(t, str) for t in q):
-        q = "\n".join(q)
-    if q is not None and not isinstance(q, str):
-        raise error(400, "Invalid request: q must be a string or a list of strings")
-    if not q or not q.strip():
+    q = checked(service.types.detect, body, service.types, limits).q
+    q = "\n".join(q) if isinstance(q, list) else q
+    if not q.strip():
         raise error(400, "Invalid request: missing q parameter")
     if len(q) > limits.max_sentences * limits.max_chars:
         raise error(
@@ -334,8 +332,9 @@ async def translate_file(request: Request) -> JSONResponse:
 async def _translate_file(request: Request, service: Service) -> JSONResponse:
     form, filename, data = await _read_file_form(request, service.limits.client_timeout)
     check_key(form, request, service)
-    source, target = _language_fields(form)
     limits = service.limits
+    req = checked(service.types.upload, {**_filled(form), "file": data}, service.types, limits)
+    source, target = req.source, req.target
     try:
         stored_as = safe_name(filename)
         parsed = await off_loop(parse_file, filename, data, limits.max_sentences * limits.max_chars)
@@ -349,7 +348,7 @@ async def _translate_file(request: Request, service: Service) -> JSONResponse:
     if routed is not None:
         model, langs = routed
         lang = source_language(model.sources, source)
-        terms = form_field(form.get("glossary"))
+        terms = glossary_terms(form_field(req.glossary), 400, LT)
         texts, job = await off_loop(_file_job, parsed, lang, langs, model, service, terms)
         hyps = await _translated(service, model, job, request)
         translated = texts.render([nbest[0][0] for nbest in hyps])
@@ -425,49 +424,20 @@ def _check_file(texts: Texts, service: Service) -> None:
         )
 
 
-def _fields(body: dict[str, Any], form: bool, max_beam: int) -> Fields:
-    q = body.get("q")
-    batch = isinstance(q, list)
-    if not (isinstance(q, str) or batch and all(isinstance(t, str) for t in q)):
-        if q is not None:
-            raise error(400, "Invalid request: q must be a string or a list of strings")
-    if not q:
-        raise error(400, "Invalid request: missing q parameter")
-    source, target = _language_fields(body)
-    fmt = body.get("format")
-    fmt = "text" if fmt is None or fmt == "" else fmt
-    if fmt not in ("text", "html"):
-        raise error(400, f"{fmt} format is not supported; use text or html")
-    alternatives = _alternatives(body.get("alternatives"), form, max_beam)
-    texts: list[str] = q if batch else [q]
-    return Fields(texts, batch, source, target, fmt, alternatives)
+def _fields(body: dict[str, Any], form: bool, service: Service) -> tuple[Fields, Any]:
+    """The request's fields, checked by its type (a form's empty fields count as absent)."""
+    types = service.types
+    kind = types.lt_form if form else types.lt_json
+    req = checked(kind, _filled(body) if form else body, types, service.limits)
+    batch = isinstance(req.q, list)
+    texts: list[str] = req.q if batch else [req.q]
+    fmt, alternatives = req.format or "text", req.alternatives or 0
+    return Fields(texts, batch, req.source, req.target, fmt, alternatives), req
 
 
-def _language_fields(body: dict[str, Any]) -> tuple[str, str]:
-    """`source` and `target`: present, and strings."""
-    names = {"source": body.get("source"), "target": body.get("target")}
-    for name, value in names.items():
-        if not value:
-            raise error(400, f"Invalid request: missing {name} parameter")
-        if not isinstance(value, str):
-            raise error(400, f"Invalid request: {name} must be a language code (a string)")
-    return names["source"], names["target"]
-
-
-def _alternatives(value: Any, form: bool, max_beam: int) -> int:
-    if value is None or form and value == "":
-        return 0
-    if form and isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise error(400, "Invalid request: alternatives must be a whole number >= 0")
-    if value + 1 > max_beam:
-        raise error(
-            400,
-            f"Invalid request: too many alternatives ({value}), the limit is {max_beam - 1} "
-            "(serve.py --max-beam minus one)",
-        )
-    return value
+def _filled(form: dict[str, Any]) -> dict[str, Any]:
+    """A form's fields but the empty ones (LibreTranslate's clients send "" for unset)."""
+    return {k: v for k, v in form.items() if v != ""}
 
 
 def _route(

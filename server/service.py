@@ -96,6 +96,7 @@ class Service:
     uploads: int = 0  # /translate_file requests being read or translated
     metrics: Metrics | None = None  # set by `create_app`
     files: FileStore = field(default_factory=FileStore)  # translated files to download
+    types: Any = None  # the request types (`requests.Types`), set by `create_app`
     _languages: dict[str, tuple[str, list[str]]] | None = field(default=None, repr=False)
 
     def defaults_for(self, model: ServedModel) -> SearchConfig:

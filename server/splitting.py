@@ -124,24 +124,3 @@ def source_language(sources: list[str], requested: str | None) -> str | None:
     if requested and requested != "auto":
         return requested
     return sources[0] if len(sources) == 1 else None
-
-
-def splits_sentences(body: dict[str, Any]) -> bool:
-    """Whether our request `body` asks for `split_sentences` (read, not popped; a bad value is
-    refused later by `split_option`): its texts then keep their line breaks, each line a
-    paragraph, instead of becoming one line."""
-    value = body.get("split_sentences")
-    return value is True or (isinstance(value, str) and value.strip().lower() in ("true", "1"))
-
-
-def split_option(body: dict[str, Any], default: bool, status: int, prefix: str = "") -> bool:
-    """A request's `split_sentences` (popped from `body`): true or false (in a form: "true",
-    "false", "1", "0"), `default` when absent; else an error with `status`."""
-    value = body.pop("split_sentences", None)
-    if value is None:
-        return default
-    if isinstance(value, str) and value.strip().lower() in ("true", "1", "false", "0"):
-        return value.strip().lower() in ("true", "1")
-    if not isinstance(value, bool):
-        raise error(status, f"{prefix}'split_sentences' must be true or false, got {value!r}")
-    return value

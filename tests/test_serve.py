@@ -29,7 +29,7 @@ import pytest
 from attnmt.checkpoint import model_payload, save_checkpoint
 from attnmt.decoding.config import SearchConfig
 from attnmt.server.batcher import Batcher, Job, QueueFull
-from attnmt.server.options import OptionError, as_dict, search_config
+from attnmt.server.options import OptionError, apply_options, as_dict
 from tests.conftest import make_tiny_model
 from tests.helpers_decoding import PAIRS, SEARCH_MODEL, tiny_tokenizer
 
@@ -576,12 +576,12 @@ class FutureSearchConfig(SearchConfig):
 def test_options_are_the_config_fields_whatever_they_are() -> None:
     defaults = FutureSearchConfig()
     options = {"extra_flag": True, "extra_k": 5, "extra_scale": 1, "extra_seed": 3}
-    cfg = search_config({**options, "extra_method": "sample"}, defaults)
+    cfg = apply_options({**options, "extra_method": "sample"}, defaults)
     assert (cfg.extra_flag, cfg.extra_k, cfg.extra_scale, cfg.extra_seed, cfg.extra_method) == (
         True, 5, 1.0, 3, "sample"
     )  # fmt: skip
     assert isinstance(cfg.extra_scale, float)
-    assert search_config({"extra_seed": None}, cfg).extra_seed is None
+    assert apply_options({"extra_seed": None}, cfg).extra_seed is None
     assert "extra_scale" in as_dict(cfg) and "batch_size" not in as_dict(cfg)
     for options, words in [
         ({"extra_flag": 1}, ["'extra_flag'", "true or false"]),
@@ -591,7 +591,7 @@ def test_options_are_the_config_fields_whatever_they_are() -> None:
         ({"no_such_option": 0.9}, ["unknown option 'no_such_option'", "extra_scale"]),
     ]:
         with pytest.raises(OptionError) as error:
-            search_config(options, defaults)
+            apply_options(options, defaults)
         assert all(word in str(error.value) for word in words), str(error.value)
 
 

@@ -340,6 +340,7 @@ def test_schemathesis_finds_no_failure_and_the_server_keeps_serving(
     # ("SystemError: AST constructor recursion depth mismatch") and schemathesis exited 1.
     done = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    print(*[line for line in done.stdout.splitlines() if "generated" in line.lower()], sep="\n")
     assert post(server, "/translate", {"sentences": SOURCES[:1]})[0] == 200
 
 

@@ -7,6 +7,7 @@ upper-cases (no torch model)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import threading
@@ -16,10 +17,11 @@ from typing import Any
 import pytest
 from starlette.formparsers import MultiPartParser
 
-from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.config import MAX_LENGTH_PENALTY, SearchConfig
 from attnmt.server.app import create_app
 from attnmt.server.batcher import Batcher, Gone, Job
 from attnmt.server.documents import MAX_UPLOADS, FileError, parse_file, safe_name
+from attnmt.server.handling import MAX_TERM_CHARS, MAX_TERMS
 from attnmt.server.service import Limits, ServedModel, Service
 
 LIMITS = Limits(64, 1000, 16, 1024, max_work=32768)
@@ -351,3 +353,42 @@ def test_a_batch_call_whose_clients_have_gone_stops_between_steps() -> None:
     after = batcher.submit(Job(SearchConfig(beam_size=2), ["b"]))
     assert after.result(timeout=30) == [[("B", -1.0)]]
     batcher.close()
+
+
+def test_each_option_bound_is_stated_once_in_decoding_and_both_checked_and_documented() -> None:
+    """The schema's bounds of each option are its `SearchConfig` field's (decoding's one
+    statement), the deployment's caps added; a value past one is a 422 naming the field,
+    whatever bound it breaks (the length penalty's maximum was checked but not documented)."""
+    service, model = make_service()
+    doc = call(service, "GET", "/openapi.json")[1]
+    content = doc["paths"]["/translate"]["post"]["requestBody"]["content"]
+    ours = content["application/json"]["schema"]["oneOf"][0]["properties"]
+    keys = {"min": "minimum", "above": "exclusiveMinimum", "max": "maximum"}
+    for f in dataclasses.fields(SearchConfig):
+        if f.name == "batch_size":
+            continue
+        stated = {keys[k]: v for k, v in f.metadata.items() if k in keys and v is not None}
+        schema = ours[f.name].get("anyOf", [ours[f.name]])[0]
+        caps = {"beam_size": LIMITS.max_beam, "nbest": LIMITS.max_work}
+        if f.name in caps:
+            stated["maximum"] = caps[f.name]
+        assert {k: schema[k] for k in stated if k in schema} == stated, f.name
+    assert ours["length_penalty"]["maximum"] == MAX_LENGTH_PENALTY
+    assert ours["topp"]["exclusiveMinimum"] == 0 and ours["topp"]["maximum"] == 1
+    for option, value in [("length_penalty", 21), ("topp", 0), ("temperature", 0), ("topp", 2)]:
+        body = json.dumps({"sentences": ["a"], option: value}).encode()
+        status, answer = call(service, "POST", "/translate", body)
+        assert status == 422 and set(answer) == {"error"} and option in answer["error"], answer
+    lt = json.dumps({"q": "a", "source": "en", "target": "de", "alternatives": 16}).encode()
+    status, answer = call(service, "POST", "/translate", lt)
+    assert status == 400 and "alternatives" in answer["error"]
+    lt_schema = content["application/json"]["schema"]["oneOf"][1]["properties"]
+    assert lt_schema["alternatives"]["anyOf"][0]["maximum"] == LIMITS.max_beam - 1
+    terms = ours["glossary"]["anyOf"][0]  # both terms bounded, as the check bounds them
+    assert terms["maxProperties"] == MAX_TERMS
+    assert terms["propertyNames"]["maxLength"] == MAX_TERM_CHARS
+    assert terms["additionalProperties"]["maxLength"] == MAX_TERM_CHARS
+    long_source = {"sentences": ["a"], "glossary": {"a" * (MAX_TERM_CHARS + 1): "b"}}
+    status, answer = call(service, "POST", "/translate", json.dumps(long_source).encode())
+    assert status == 422 and "limit is 128" in answer["error"], answer
+    assert model.calls == []
