@@ -91,12 +91,12 @@ def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
     import torch
 
     from attnmt.checkpoint import resolve_checkpoint
-    from attnmt.cli.translate import check_language_flags
     from attnmt.data.languages import model_languages
+    from attnmt.engine.runs import check_language_flags
 
     # load_engine checks the file; mmap reads only the entries looked at
     stored = torch.load(resolve_checkpoint(args.teacher[0]), mmap=True, weights_only=True)
-    check_language_flags(args, *model_languages(stored))
+    check_language_flags(args.src_lang, args.tgt_lang, *model_languages(stored))
     if args.src_lang and args.tgt_lang:
         return args.src_lang, args.tgt_lang
     config = stored.get("config") or {}
@@ -111,25 +111,22 @@ def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from attnmt.cli.translate import (
-        check_sampling_flags,
-        load_model,
-        run_decoding,
-        search_config,
-    )
+    from attnmt.cli.translate import check_sampling_flags, runtime_options, search_from_flags
     from attnmt.common import runtime
     from attnmt.decoding.translator import Translator
+    from attnmt.engine.runs import load_model, run_decoding
     from attnmt.training.distill import distill_corpus
 
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    flags = search_config(args)
+    flags = search_from_flags(args)
     check_sampling_flags(args)
-    model, tokenizer, device = load_model(args, args.teacher)
+    options = runtime_options(args, PROG)
+    model, tokenizer, device = load_model(options, args.teacher)
     src, tgt = teacher_languages(args)
-    cfg, precision, _ = run_decoding(args, flags, args.teacher[0], device, PROG)
+    cfg, precision, _ = run_decoding(options, flags, args.teacher[0], device)
     if tokenizer.languages:  # a multilingual imported teacher: its codes for this pair
         tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
     translator = Translator(model, tokenizer, cfg, device)

@@ -305,9 +305,9 @@ def test_unsupported_precision_is_one_line(
 def test_search_flags_follow_search_config(capsys: pytest.CaptureFixture) -> None:
     """Every SearchConfig field is a flag with the dataclass's default; --lp-type reaches it."""
     args = cli.build_parser().parse_args(["-c", "x"])
-    assert cli.search_config(args) == SearchConfig()
+    assert cli.search_from_flags(args) == SearchConfig()
     args = cli.build_parser().parse_args(["-c", "x", "--lp-type", "gnmt", "--beam", "3"])
-    assert cli.search_config(args) == SearchConfig(lp_type="gnmt", beam_size=3)
+    assert cli.search_from_flags(args) == SearchConfig(lp_type="gnmt", beam_size=3)
     with pytest.raises(SystemExit) as exit_info:
         translate.main(["-c", "x", "--lp-type", "nope", "a"])
     assert exit_info.value.code == 2
