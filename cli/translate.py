@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 from dataclasses import Field, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args, get_origin, get_type_hints
 
 from attnmt.cli.args import Parser, number, program_name
 from attnmt.common.errors import UserError, exit_status
 from attnmt.decoding.config import PRECISIONS, SearchConfig
-from attnmt.decoding.stream import TranslationRun, translate_run
+from attnmt.decoding.stream import TranslationRun, check_run, translate_run
 
 if TYPE_CHECKING:  # torch waits until the flags and inputs are checked
     from attnmt.engine.runs import LoadedRun, RuntimeOptions
@@ -296,71 +294,10 @@ def search_from_flags(args: argparse.Namespace) -> SearchConfig:
         raise UserError(f"{e}; see --help") from None
 
 
-def check_combinations(args: argparse.Namespace) -> None:
-    """Flags that cannot go together, before anything is read or loaded: none is taken and
-    then left unused."""
-    typed = getattr(args, "given", frozenset())  # the search flags typed, not defaulted
-    if args.sentences and args.input is not None:  # open_input reads one of them only
-        raise UserError(
-            "sentences on the command line and --input FILE both give the input: keep one"
-        )
-    if args.score is not None:
-        for flag, given in (
-            ("--sampling", args.sampling),
-            ("--prefix", args.prefix is not None),
-            ("--tab-prefix", args.tab_prefix),
-            ("--ref", args.ref is not None),
-            ("--print-alignment", args.print_alignment),
-            ("--nbest", args.nbest > 1),
-            ("--beam", "beam_size" in typed),  # no search: --beam and the output budget
-            ("--max-len-a", "max_len_a" in typed),  # mean nothing to a given translation
-            ("--max-len-b", "max_len_b" in typed),
-            ("--inter-threads", args.inter_threads > 1),
-            ("--plot-attention", args.plot_attention is not None),
-        ):
-            if given:
-                raise UserError(f"--score scores given translations: drop {flag}")
-    elif args.token_scores:
-        raise UserError("--token-scores goes with --score FILE; add --score or drop it")
-    check_sampling_flags(args)
-    if args.prefix is not None and args.tab_prefix:
-        raise UserError("--prefix FILE and --tab-prefix both give prefixes; keep one")
-    if args.glossary is not None and (args.sampling or args.score is not None):
-        flag = "--sampling" if args.sampling else "--score"
-        raise UserError(f"--glossary constrains beam or greedy search: drop {flag} or --glossary")
-    if args.alignment_layer is not None and not args.print_alignment:
-        raise UserError("--alignment-layer goes with --print-alignment; add it or drop the layer")
-    if args.split_sentences:  # each of these is per input line, not per sentence
-        for flag, given in (
-            ("--score", args.score is not None),
-            ("--prefix", args.prefix is not None),
-            ("--tab-prefix", args.tab_prefix),
-            ("--print-alignment", args.print_alignment),
-            ("--nbest", args.nbest > 1),
-        ):
-            if given:
-                raise UserError(
-                    f"--split-sentences translates each sentence of a line on its own, which "
-                    f"{flag} (per line) does not fit; drop {flag} or --split-sentences"
-                )
-
-
 def check_sampling_flags(args: argparse.Namespace) -> None:
     """--sampling draws instead of searching: a --beam typed beside it would be unused."""
     if args.sampling and "beam_size" in getattr(args, "given", frozenset()):
         raise UserError("--sampling draws each token instead of a beam search: drop --beam")
-
-
-def check_writable(path: str | None, flag: str) -> None:
-    if path is None:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise UserError(f"{flag} {path} is a directory; pass a file name")
-    if not target.parent.is_dir():
-        raise UserError(f"{flag} directory {target.parent} does not exist; create it first")
-    if not os.access(target.parent, os.W_OK | os.X_OK):  # the temp file goes there too
-        raise UserError(f"{flag} directory {target.parent} is not writable; pick another path")
 
 
 def runtime_options(args: argparse.Namespace, prog: str) -> RuntimeOptions:
@@ -375,12 +312,10 @@ def run(args: argparse.Namespace) -> None:
     """Translate (or score) what `args` (from `build_parser`) asks for
     (`decoding.stream.translate_run`); raises `UserError` on a mistake."""
     flags = search_from_flags(args)
-    check_combinations(args)
-    check_writable(args.output, "--output")
-    check_writable(args.plot_attention, "--plot-attention")
     names = {f.name for f in fields(TranslationRun)} - {"sentences", "prog"}
     options = {name: getattr(args, name) for name in names}
     job = TranslationRun(sentences=tuple(args.sentences), prog=PROG, **options)
+    check_run(job, flags, getattr(args, "given", frozenset()))
 
     def load() -> LoadedRun:
         from attnmt.engine.runs import load_run

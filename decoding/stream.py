@@ -10,10 +10,12 @@ before the model loads). Every user mistake raises `UserError`.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, Protocol
 
 from attnmt.common.errors import UserError
@@ -123,6 +125,70 @@ def translate_run(run: TranslationRun, load: Callable[[], Loaded]) -> None:
     if run.plot_attention:
         with autocast(loaded.device, loaded.precision):
             plot_first(translator, done.first, run.plot_attention, run.prog)
+
+
+def check_run(run: TranslationRun, search: SearchConfig, typed: frozenset[str]) -> None:
+    """Options that cannot go together, and output paths that cannot be written, before
+    anything is read or loaded: no flag is taken and then left unused. `search`: the search
+    flags; `typed`: the fields of those typed, not defaulted."""
+    if run.sentences and run.input is not None:  # open_input reads one of them only
+        raise UserError(
+            "sentences on the command line and --input FILE both give the input: keep one"
+        )
+    if run.score is not None:
+        for flag, given in (
+            ("--sampling", search.sampling),
+            ("--prefix", run.prefix is not None),
+            ("--tab-prefix", run.tab_prefix),
+            ("--ref", run.ref is not None),
+            ("--print-alignment", run.print_alignment),
+            ("--nbest", search.nbest > 1),
+            ("--beam", "beam_size" in typed),  # no search: --beam and the output budget
+            ("--max-len-a", "max_len_a" in typed),  # mean nothing to a given translation
+            ("--max-len-b", "max_len_b" in typed),
+            ("--inter-threads", run.inter_threads > 1),
+            ("--plot-attention", run.plot_attention is not None),
+        ):
+            if given:
+                raise UserError(f"--score scores given translations: drop {flag}")
+    elif run.token_scores:
+        raise UserError("--token-scores goes with --score FILE; add --score or drop it")
+    if search.sampling and "beam_size" in typed:  # it draws instead of searching
+        raise UserError("--sampling draws each token instead of a beam search: drop --beam")
+    if run.prefix is not None and run.tab_prefix:
+        raise UserError("--prefix FILE and --tab-prefix both give prefixes; keep one")
+    if run.glossary is not None and (search.sampling or run.score is not None):
+        flag = "--sampling" if search.sampling else "--score"
+        raise UserError(f"--glossary constrains beam or greedy search: drop {flag} or --glossary")
+    if run.alignment_layer is not None and not run.print_alignment:
+        raise UserError("--alignment-layer goes with --print-alignment; add it or drop the layer")
+    if run.split_sentences:  # each of these is per input line, not per sentence
+        for flag, given in (
+            ("--score", run.score is not None),
+            ("--prefix", run.prefix is not None),
+            ("--tab-prefix", run.tab_prefix),
+            ("--print-alignment", run.print_alignment),
+            ("--nbest", search.nbest > 1),
+        ):
+            if given:
+                raise UserError(
+                    f"--split-sentences translates each sentence of a line on its own, which "
+                    f"{flag} (per line) does not fit; drop {flag} or --split-sentences"
+                )
+    check_writable(run.output, "--output")
+    check_writable(run.plot_attention, "--plot-attention")
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a directory; pass a file name")
+    if not target.parent.is_dir():
+        raise UserError(f"{flag} directory {target.parent} does not exist; create it first")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the temp file goes there too
+        raise UserError(f"{flag} directory {target.parent} is not writable; pick another path")
 
 
 def translator_of(loaded: Loaded, inter_threads: int = 1) -> Translator:

@@ -227,7 +227,7 @@ def test_input_and_output_errors(
     assert_one_line_error(err, "does not exist", str(tmp_path / "no"))
 
     with pytest.MonkeyPatch.context() as patch:  # tests may run as root: fake a read-only dir
-        patch.setattr(cli.os, "access", lambda path, mode: Path(path) != tmp_path)
+        patch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
         status, _, err = call_main(capsys, "-c", ckpt, "--output", str(tmp_path / "hyp.en"), "a")
     assert status != 0
     assert_one_line_error(err, "not writable", str(tmp_path))
