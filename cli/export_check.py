@@ -40,10 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> list[str]:
+    from attnmt.evaluation.bleu import corpus_bleu, corpus_chrf
     from attnmt.exporting.agreement import check_exports
 
+    def metrics(hyps: list[str], refs: list[str]) -> str:
+        bleu, chrf = corpus_bleu(hyps, refs).score, corpus_chrf(hyps, refs).score
+        return f"  BLEU {bleu:.2f} chrF {chrf:.2f}"
+
     return check_exports(
-        args.checkpoint, args.src, args.ref, args.limit, args.batch_size, args.threads
+        args.checkpoint, args.src, args.ref, args.limit, args.batch_size, args.threads, metrics
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from attnmt.common.errors import UserError
@@ -19,17 +20,17 @@ def check_exports(
     limit: int = 0,
     batch_size: int = 64,
     threads: int = 0,
+    metrics: Callable[[list[str], list[str]], str] | None = None,
 ) -> list[str]:
     """Export `checkpoint` to Transformers, CTranslate2 float32 and int8 (temporary folders),
     decode `src` (its first `limit` lines; 0: all) greedily with each and with ours, and
     report, a line each as it goes (on stdout too), how many outputs equal ours, the seconds
-    and, with `ref`, BLEU and chrF; an export that cannot run here is reported as skipped."""
+    and, with `ref`, what `metrics(translations, references)` says; an export that cannot run here is reported as skipped."""
     import torch
 
     from attnmt.checkpoint import load_for_inference, resolve_checkpoint
     from attnmt.common.files import read_src_ref
     from attnmt.decoding.config import SearchConfig
-    from attnmt.evaluation.bleu import corpus_bleu, corpus_chrf
     from attnmt.exporting.ct2 import ct2_search_ids, export_ct2
     from attnmt.exporting.hf import export_hf, hf_search_ids
     from attnmt.exporting.shared import budgets, our_search_ids, require
@@ -44,12 +45,9 @@ def check_exports(
     n = len(src_ids)
 
     def score(ids: list[list[int]]) -> str:
-        if refs is None:
+        if refs is None or metrics is None:
             return ""
-        hyps = tokenizer.decode_tgt(ids)
-        return (
-            f"  BLEU {corpus_bleu(hyps, refs).score:.2f} chrF {corpus_chrf(hyps, refs).score:.2f}"
-        )
+        return metrics(tokenizer.decode_tgt(ids), refs)
 
     start = time.perf_counter()
     ours = our_search_ids(model, tokenizer, src_ids, cfg)
