@@ -15,13 +15,10 @@ each source gets its N best translations (N samples with `--sampling`) as N pair
 from __future__ import annotations
 
 import argparse
-import sys
-from dataclasses import asdict
-from pathlib import Path
 
 from attnmt.cli.args import Parser, number, program_name
 from attnmt.cli.translate import add_runtime_flags, add_search_flags
-from attnmt.common.errors import UserError, exit_status
+from attnmt.common.errors import exit_status
 
 PROG = program_name("distill.py")
 
@@ -83,78 +80,17 @@ _NBEST_HELP = (
 )
 
 
-def teacher_languages(args: argparse.Namespace) -> tuple[str, str]:
-    """(source, target) from the flags, else from the first teacher's training config. Flags
-    must name the teacher's languages (any form; translate.py's rule, `check_language_flags`):
-    they are the corpus files' suffixes, and another language's would be translated by a
-    model that does not know it."""
-    import torch
-
-    from attnmt.checkpoint import resolve_checkpoint
-    from attnmt.cli.translate import check_language_flags
-    from attnmt.data.languages import model_languages
-
-    # load_engine checks the file; mmap reads only the entries looked at
-    stored = torch.load(resolve_checkpoint(args.teacher[0]), mmap=True, weights_only=True)
-    check_language_flags(args, *model_languages(stored))
-    if args.src_lang and args.tgt_lang:
-        return args.src_lang, args.tgt_lang
-    config = stored.get("config") or {}
-    data = config.get("data") or {}
-    src, tgt = args.src_lang or data.get("src_lang"), args.tgt_lang or data.get("tgt_lang")
-    if not src or not tgt:
-        raise UserError(
-            f"--teacher {args.teacher[0]} does not say its languages; give --src-lang and "
-            "--tgt-lang (the corpus files' suffixes, e.g. en and de)"
-        )
-    return src, tgt
-
-
 def run(args: argparse.Namespace) -> None:
-    from attnmt.cli.translate import (
-        check_sampling_flags,
-        load_model,
-        run_decoding,
-        search_config,
-    )
-    from attnmt.common import runtime
-    from attnmt.decoding.translator import Translator
-    from attnmt.training.distill import distill_corpus
+    from attnmt.cli.translate import check_sampling_flags, runtime_options, search_from_flags
+    from attnmt.training.teachers import DistillOptions, distill
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    flags = search_config(args)
+    flags = search_from_flags(args)
     check_sampling_flags(args)
-    model, tokenizer, device = load_model(args, args.teacher)
-    src, tgt = teacher_languages(args)
-    cfg, precision, _ = run_decoding(args, flags, args.teacher[0], device, PROG)
-    if tokenizer.languages:  # a multilingual imported teacher: its codes for this pair
-        tokenizer = tokenizer.for_languages(args.src_lang, args.tgt_lang)
-    translator = Translator(model, tokenizer, cfg, device)
-    settings = {
-        "teachers": [str(Path(t).resolve()) for t in args.teacher],
-        "src_lang": src,
-        "tgt_lang": tgt,
-        "search": asdict(cfg),
-        "precision": precision,
-        "quantize": args.quantize,
-    }
-
-    def translate(lines: list[str]) -> list[list[str]]:
-        with runtime.autocast(translator.device.type, precision):
-            found = translator.translate_nbest(lines)
-        return [[hyp.text for hyp in hyps] for hyps in found]
-
-    def log(line: str) -> None:
-        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
-
-    out = distill_corpus(
-        translate, args.data_dir, args.out, src, tgt, settings, args.chunk_lines, log,
-        args.keep_original, cfg.nbest,
+    options = DistillOptions(
+        tuple(args.teacher), args.data_dir, args.out, flags, runtime_options(args, PROG),
+        args.src_lang, args.tgt_lang, args.chunk_lines, args.keep_original, args.threads,
     )  # fmt: skip
-    log(f"done: train.py data.dir={out} trains on the teacher's translations")
+    distill(options)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ batching on a model thread), `worker` (a model's batcher in a process of its own
 html`), `keys` (API keys and rate caps), `metrics` (Prometheus), `service` (the served models,
 limits and routing), `handling` (what both APIs' handlers share: errors, bodies, keys, the
 output budget, submitting), `libretranslate` (its API), `openapi` (the document, from the types), `app` (our
-API, the other routes, `create_app`). The `serve.py` flags, loading the models and the run are
-`attnmt.cli.serve`'s.
+API, the other routes, `create_app`), `hosting` (what `serve.py` runs: the models' processes,
+loading each model there, the app on uvicorn; not torch-free in the model processes). The
+`serve.py` flags are `attnmt.cli.serve`'s.
 """

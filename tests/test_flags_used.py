@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from attnmt.cli import average, translate
+from attnmt.decoding.stream import score_input
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -76,7 +77,7 @@ def test_score_puts_the_tag_before_each_source_as_translating_does() -> None:
     source = SimpleNamespace(batches=lambda: iter([["Ein Mann.", "", "Zwei Hunde."]]))
     given = SimpleNamespace(take=lambda n: ["A man.", "", "Two dogs."][:n])
     out = io.BytesIO()
-    done = translate.score_input(SimpleNamespace(score=score), source, out, given, False, "<2en>")
+    done = score_input(SimpleNamespace(score=score), source, out, given, False, "<2en>")
     assert seen == [["<2en> Ein Mann.", "", "<2en> Zwei Hunde."]] and done.lines == 3
     assert out.getvalue().decode().count("\n") == 3
 
@@ -96,10 +97,10 @@ def test_serve_refuses_a_key_rate_without_keys(
 ) -> None:
     from attnmt.cli import serve
 
-    def bind(*args: object) -> None:
+    def serve_them(*args: object) -> None:
         raise AssertionError("serve.py went on to serve")
 
-    monkeypatch.setattr(serve, "bind", bind)
+    monkeypatch.setattr(serve, "serve", serve_them)
     assert serve.main(["-c", str(checkpoint), "--port", "0", "--key-rate", "5"]) != 0
     assert "--key-rate caps the keys of --api-keys FILE" in one_error(capsys, "serve.py")
 

@@ -131,6 +131,44 @@ def test_no_module_import_circles() -> None:
     assert not circles, "\n".join(circles)
 
 
+def test_only_the_commands_import_the_command_line_layer() -> None:
+    """`attnmt.cli` is argument parsing over the library: only cli/ itself, the shims at the
+    top and in scripts/, and tests (for the commands' `main`) import it; the library,
+    benchmarks/ and examples/ import what the commands call from the library."""
+    allowed = [ROOT / "cli", ROOT / "scripts", ROOT / "tests"]
+    files = [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts and p.parent != ROOT]
+    wrong = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        if not any(path.is_relative_to(folder) for folder in allowed)
+        for name in imports_of(path)
+        if name == "attnmt.cli" or name.startswith("attnmt.cli.")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_library_function_takes_an_argparse_namespace() -> None:
+    """The library takes typed options (frozen dataclasses the commands build from their
+    flags), never a parser's `argparse.Namespace`; nor does a spawned model process, whose
+    code is the library's (no command starts one)."""
+    wrong = [
+        f"{path.relative_to(ROOT)}:{node.lineno} starts a ModelProcess"
+        for path in package_files("cli")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("ModelProcess")
+    ]
+    for path in (p for package in LIBRARY for p in package_files(package)):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            params = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+            params += [p for p in (node.args.vararg, node.args.kwarg) if p is not None]
+            for param in params:
+                if param.annotation is not None and "Namespace" in ast.unparse(param.annotation):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}({param.arg})")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_inference_never_imports_training_or_datasets() -> None:
     """What translate.py and serve.py load, loaded: neither `training` nor `datasets` (~1 s to
     import)."""

@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from attnmt.checkpoint import model_payload, save_checkpoint
-from attnmt.cli import translate as cli
 from attnmt.common import runtime
 from attnmt.common.errors import UserError
 from attnmt.decoding.config import SearchConfig
@@ -23,6 +22,7 @@ from attnmt.decoding.search import beam_search
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from attnmt.engine.engine import _copy, _rows
+from attnmt.engine.runs import check_quantize
 from attnmt.model import padding_mask
 from tests.helpers_decoding import SPECIAL, random_sources, tiny_tokenizer
 
@@ -98,12 +98,12 @@ def test_int8_split_projections_hold_the_slices_of_in_proj(tiny_model) -> None:
 
 
 def test_int8_is_refused_off_the_cpu_and_with_autocast() -> None:
-    cli.check_quantize("none", "cuda", "bf16")
-    cli.check_quantize("int8", "cpu", "fp32")
+    check_quantize("none", "cuda", "bf16")
+    check_quantize("int8", "cpu", "fp32")
     with pytest.raises(UserError, match="CPU only"):
-        cli.check_quantize("int8", "cuda", "fp32")
+        check_quantize("int8", "cuda", "fp32")
     with pytest.raises(UserError, match="--precision bf16"):
-        cli.check_quantize("int8", "cpu", "bf16")
+        check_quantize("int8", "cpu", "bf16")
 
 
 @pytest.mark.skipif(

@@ -155,13 +155,14 @@ def test_serve_py_warns_of_emulated_bf16_under_its_own_name(
     """serve.py (and distill.py) take the run's decoding through `run_decoding`, whose warning
     names the program that runs it."""
     from attnmt.cli import serve
-    from attnmt.cli import translate as cli_translate
     from attnmt.engine import engine
+    from attnmt.engine.runs import run_decoding
 
     monkeypatch.setattr(engine, "bf16_packing_runs", lambda: False)
     args = serve.build_parser().parse_args(["-c", str(run)])
-    cfg, precision, recorded = cli_translate.run_decoding(
-        args, cli_translate.search_config(args), str(run), "cpu", serve.PROG
+    options = serve.serve_options(args, serve.search_from_flags(args))
+    cfg, precision, recorded = run_decoding(
+        options.model.runtime(), options.search, str(run), "cpu"
     )
     assert (cfg, precision, recorded) == (SEARCH, "bf16", True)
     assert capsys.readouterr().err.startswith("serve.py: warning: bf16 runs emulated")

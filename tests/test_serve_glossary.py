@@ -212,7 +212,7 @@ def test_a_bad_default_glossary_is_a_one_line_error_at_start_up(
 
 
 def test_glossary_values_name_a_model_or_every_model(tmp_path: Path) -> None:
-    from attnmt.cli.serve import model_glossaries
+    from attnmt.server.hosting import model_glossaries
 
     a, b = tmp_path / "a.tsv", tmp_path / "b.tsv"
     a.write_text("Mann\tKerl\n", encoding="utf-8")

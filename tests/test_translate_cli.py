@@ -227,7 +227,7 @@ def test_input_and_output_errors(
     assert_one_line_error(err, "does not exist", str(tmp_path / "no"))
 
     with pytest.MonkeyPatch.context() as patch:  # tests may run as root: fake a read-only dir
-        patch.setattr(cli.os, "access", lambda path, mode: Path(path) != tmp_path)
+        patch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)
         status, _, err = call_main(capsys, "-c", ckpt, "--output", str(tmp_path / "hyp.en"), "a")
     assert status != 0
     assert_one_line_error(err, "not writable", str(tmp_path))
@@ -305,9 +305,9 @@ def test_unsupported_precision_is_one_line(
 def test_search_flags_follow_search_config(capsys: pytest.CaptureFixture) -> None:
     """Every SearchConfig field is a flag with the dataclass's default; --lp-type reaches it."""
     args = cli.build_parser().parse_args(["-c", "x"])
-    assert cli.search_config(args) == SearchConfig()
+    assert cli.search_from_flags(args) == SearchConfig()
     args = cli.build_parser().parse_args(["-c", "x", "--lp-type", "gnmt", "--beam", "3"])
-    assert cli.search_config(args) == SearchConfig(lp_type="gnmt", beam_size=3)
+    assert cli.search_from_flags(args) == SearchConfig(lp_type="gnmt", beam_size=3)
     with pytest.raises(SystemExit) as exit_info:
         translate.main(["-c", "x", "--lp-type", "nope", "a"])
     assert exit_info.value.code == 2

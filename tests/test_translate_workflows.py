@@ -415,7 +415,7 @@ def test_print_alignment_cli_format(capsys: pytest.CaptureFixture, checkpoint: P
 def test_search_config_sampling_fields_are_flags_and_validated() -> None:
     parser = cli.build_parser()
     args = parser.parse_args(["-c", "x", "--sampling", "--topk", "3", "--topp", "0.5"])
-    cfg = cli.search_config(args)
+    cfg = cli.search_from_flags(args)
     assert (cfg.sampling, cfg.topk, cfg.topp, cfg.temperature, cfg.seed) == (True, 3, 0.5, 1.0, 1)
     assert SearchConfig(sampling=True, nbest=8, beam_size=1).nbest == 8  # samples, not beams
     with pytest.raises(ValueError, match="temperature"):
