@@ -62,3 +62,18 @@ def test_the_rules_catch_what_they_name() -> None:
     assert not HASH.search("a deadbeef value") and HASH.search("f2e9e44")
     assert DATE.search("(2026-11-29)") and DATE.search("in Nov 2026") and not DATE.search("2026")
     assert CPU.search("an AMD EPYC 7763") and CPU.search("on Zen 3") and CPU.search("Xeon")
+
+
+CITED = re.compile(r"(docs/\w+\.md), \"([^\"]+)\"")
+
+
+def test_the_cited_sections_exist() -> None:
+    """A comment's `docs/NAME.md, "Title"` names a heading or paragraph title of that page."""
+    wrong = []
+    for path in [p for package in PACKAGES for p in package_files(package)]:
+        text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", path.read_text(encoding="utf-8"))
+        for page, title in CITED.findall(text):
+            doc = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+            if title not in doc:
+                wrong.append(f"{path.relative_to(ROOT)} cites {page}, {title!r}: not there")
+    assert not wrong, "\n".join(wrong)
