@@ -9,15 +9,10 @@ step's are larger: at 2,048 tokens, 65 MB of logits and as much again for their 
 freed memory went back to the OS and the next step's blocks page-faulted on first touch.
 
 `keep_freed_memory()` makes `malloc` keep freed memory for reuse instead (no `mmap`, no trimming),
-as jemalloc or tcmalloc would (PyTorch's CPU performance guide suggests those). On a 2-core AMD EPYC
-Zen 3 VM (AVX2), each setting in a process of its own, alternated: beam 5 on 512 test2016 sentences
-ran 1.13-1.20x as fast, its 0.43-0.52 million minor page faults per search (about 2 GB of fresh
-pages) down to 6,100-7,400; greedy search (64 rows, 2 MB blocks) did not change; training the `tiny`
-model ran 1.03-1.10x as fast with the same losses. Peak resident memory grew by up to 0.1 GB.
-Keeping only the trim threshold (`mmap` still dynamic) was slower. The figures, commands, machine
-and date are in docs/benchmarks.md as of commit 2f553ca ("Where the gap is now, and the
-allocator"); other CPUs were not measured. The program that measured it,
-`benchmarks/benchmark.py --malloc-defaults`, is in git at 9223d8d.
+as jemalloc or tcmalloc would (PyTorch's CPU performance guide suggests those): beam search stops
+page-faulting fresh blocks each step and runs faster, greedy search is unchanged, and training
+keeps its losses; keeping only the trim threshold (`mmap` still dynamic) was slower. The figures:
+docs/translating.md, "How the search works".
 
 The cost: freed memory stays in the process until it exits (its resident memory stays at its
 peak), which suits a training or translation process. `translate.py` and `train.py` call it on

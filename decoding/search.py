@@ -289,9 +289,8 @@ def pick_tokens(
 
     Shape: logits (N, V) -> log-probs (N, n') float32, token ids (N, n'), n' = min(n, V).
     """
-    # float32 (bf16 is too coarse); one fused pass: logsumexp's sub + exp_ + amax took 48 ms
-    # of a beam-5 search profile on an AMD EPYC Zen 4 (`benchmarks/profile_decode.py --beam 5`;
-    # docs/benchmarks.md, "What the numbers rest on", both in git at 2f553ca)
+    # float32 (bf16 is too coarse); one fused pass, since logsumexp's separate sub + exp_ + amax
+    # passes over (N, V) were a visible share of a beam-5 search profile
     lprobs, eos_lprob = _log_probs(logits, special, no_eos)  # (N, V), (N, 1)
     lprobs, tokens = topk(lprobs, min(n, lprobs.size(-1)))  # (N, n)
     return _eos_at_limit(lprobs, tokens, eos_lprob, at_limit, special.eos)
@@ -408,10 +407,9 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def _chunk_length(vocab: int) -> int:
     """Chunk length of `topk`: 64 where it divides `vocab`, else 32, 128, 96, 48, 16 (0 if
-    none does). `amax` vectorises over multiples of 16; 64 was the fastest of 20-128 on (64 |
-    320, 8000) rows; there `topk` was 1.75-4.8x torch's for k = 1 and 10
-    (`benchmarks/bench_decode_ops.py`, in git at 2f553ca, 2 threads, a 2-core AMD EPYC Zen 4 with
-    AVX-512; docs/benchmarks.md at 2f553ca, "What the numbers rest on")."""
+    none does). `amax` vectorises over multiples of 16, and 64 was the fastest length on greedy
+    and beam-5 rows over an 8,000-token vocabulary, where this `topk` beat torch's (the searches
+    it serves: docs/benchmarks.md, "Decoding speed, per CPU kind")."""
     return next((L for L in (64, 32, 128, 96, 48, 16) if vocab % L == 0), 0)
 
 

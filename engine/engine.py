@@ -18,9 +18,8 @@ the model, and adds:
   what Inductor's freezing gives a linear layer with a dynamic row count): its shape, a few
   rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest there. In
   models at least `PACKED_DECODER_WIDTH` wide the decoder's linear layers are packed too, and
-  every search runs `decoder_step` on them. `benchmarks/engine_paths.py` (in git at 2f553ca)
-  decided both (docs/benchmarks.md, "The output projection packed", "The decoder's layers
-  packed"). The engine packs copies of the weights when it is built: build a new engine
+  every search runs `decoder_step` on them. Timing decided both (docs/benchmarks.md, "The
+  output projection packed", "The decoder's layers packed"). The engine packs copies of the weights when it is built: build a new engine
   after the weights change (validation does, each time);
 - under bf16 autocast on those CPUs, where oneDNN has bf16, every linear layer (the
   encoder's too) on a packed bf16 copy, and every search on the engine's encoder and
@@ -29,8 +28,7 @@ the model, and adds:
 Otherwise, in float32, `encode` and `decode` are the model's layers, on its `KVCache`.
 
 A path stays only where timing it against the same decoder without it on real sentences
-shows it paying (`benchmarks/engine_paths.py`, in git at 2f553ca; docs/benchmarks.md, "The
-engine, path by path"; whole searches against peers: `python -m benchmarks.benchmark --run R
+shows it paying (docs/benchmarks.md, "The engine, path by path"; whole searches against peers: `python -m benchmarks.benchmark --run R
 --cpu-kinds native,avx2`); a prototype of the decoder step compiled by Inductor did not pay
 either (docs/benchmarks.md, "Compiling the decoder step does not pay here"). The contract with
 the model is tested (tests/test_engine.py): the same logits up to float rounding, the same hypotheses.
@@ -346,16 +344,16 @@ class Engine(nn.Module):
 
 
 # The decoder's layers are packed (on AMD CPUs) in models at least this wide: packing them paid
-# at 512 (OPUS-MT's shape), not at 256 (`tiny`) (`benchmarks/engine_paths.py`
-# at 2f553ca; docs/benchmarks.md, "The decoder's layers packed").
+# at 512 (OPUS-MT's shape), not at 256 (`tiny`) (docs/benchmarks.md, "The decoder's layers
+# packed").
 PACKED_DECODER_WIDTH = 512
 
 
 def packing_pays(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether the output projection runs on oneDNN's packed weight here: this torch has it, and
     the CPU is an AMD one, where it paid (module docstring). On Intel CPUs MKL is tuned: packing
-    every linear layer cost time on a Xeon with AMX (`benchmarks/engine_paths.py` at 2f553ca;
-    docs/benchmarks.md, "The engine, path by path"), so they keep `F.linear`."""
+    every linear layer cost time on an Intel CPU with AMX (docs/benchmarks.md, "The engine, path
+    by path"), so they keep `F.linear`."""
     if not (
         torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     ):

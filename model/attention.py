@@ -128,8 +128,8 @@ def attention(
     only when asked for.
     """
     # bf16/fp16 on the CPU take the explicit path too: SDPA's CPU kernel is slower in bf16
-    # than in fp32 (its backward 3.5x), while bf16 matmuls + an fp32 softmax are 2-7x
-    # faster than either at Multi30k's lengths (docs/benchmarks.md, "bf16 against fp32").
+    # than in fp32 (its backward most), while bf16 matmuls + an fp32 softmax are faster than
+    # either at Multi30k's lengths (docs/benchmarks.md, "bf16 against fp32").
     dropout_p = dropout.p if dropout is not None and dropout.training else 0.0
     explicit = need_weights or (q.device.type == "cpu" and q.dtype != torch.float32)
     if is_causal and (explicit or mask is not None or q.size(2) != k.size(2)):

@@ -238,3 +238,13 @@ def test_shims_are_short_and_call_the_command_line_layer() -> None:
         text = shim.read_text()
         assert len(text.splitlines()) <= CAPS["shim"], shim
         assert "from attnmt.cli." in text, shim
+
+
+README_CAP = 250  # the door: what attnmt is, how to train and test; details live in docs/
+
+
+def test_the_readme_is_a_door() -> None:
+    lines = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert lines <= README_CAP, (
+        f"README.md has {lines} lines (cap {README_CAP}): move details to docs/"
+    )

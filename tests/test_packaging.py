@@ -67,6 +67,46 @@ def test_a_clone_imports_its_own_tree(tmp_path: Path) -> None:
     assert bare.returncode == 0 and bare.stdout.startswith("usage: translate.py"), bare.stderr
 
 
+WALK = """import pkgutil, sys
+if sys.argv[1:] == ["--without-editable-finder"]:  # a clone without `pip install -e .`
+    sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")]
+import attnmt
+for name in ["attnmt.tests", "attnmt.benchmarks", "attnmt.scripts", "attnmt.attnmt"]:
+    try:
+        __import__(name)
+        print("imports", name)
+    except ImportError:
+        pass
+for info in pkgutil.walk_packages(attnmt.__path__, "attnmt.", onerror=print):
+    print(info.name)
+"""
+
+
+@pytest.mark.parametrize("finder", ["", "--without-editable-finder"])
+def test_a_clone_holds_the_installed_packages_only(finder: str) -> None:
+    """In a clone, with and without the editable install's finder, `attnmt` holds the packages
+    pyproject.toml maps and nothing else: no `attnmt.tests`, and walking the package (what
+    documentation generators and doctest collectors do) ends and lists our modules only."""
+    out = subprocess.run(
+        [sys.executable, "-c", WALK, *([finder] if finder else [])],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    walked = out.stdout.split()
+    expected = set(our_modules()) - {"attnmt"} | OPTIONAL | {"attnmt.conf"}  # conf: the YAML's
+    assert set(walked) == expected, sorted(set(walked) ^ expected)[:20]
+
+
+def test_the_clone_finder_maps_what_pyproject_maps() -> None:
+    import tomllib
+
+    import attnmt
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapped = {name.removeprefix("attnmt.") for name in config["package-dir"]} - {"attnmt"}
+    assert set(attnmt.PACKAGES) == mapped
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")

@@ -23,7 +23,7 @@ from attnmt.training.config import ConfigError, Configs
 from attnmt.training.loop import _updates, _Window, fit, train_step
 from attnmt.training.run import Learner, Run
 from attnmt.training.run_dir import RunDirBusy, RunDirLock
-from attnmt.training.state import TrainState
+from attnmt.training.state import Progress
 from tests.host_reads import HostReads
 from tests.train_helpers import ROOT, params, run_train, toy, toy_cfg, train_cmd
 
@@ -114,14 +114,14 @@ def test_resume_position_counts_batches_handed_out_not_prefetched(tmp_path):
     loader = build.train_batches(run.data, run.cfg, run.ctx)
     trainer = replace(run.cfg.trainer, update_freq=2, max_epochs=0, prefetch=2)
 
-    def take(state: TrainState, n: int) -> list[list[list[int]]]:
+    def take(state: Progress, n: int) -> list[list[list[int]]]:
         updates = _updates(loader, state, trainer, False)
         return [[b.indices for b in group] for group in islice(updates, n)]
 
-    straight = take(TrainState(), 20)  # more than one epoch
-    first_state = TrainState()
+    straight = take(Progress(), 20)  # more than one epoch
+    first_state = Progress()
     first = take(first_state, 3)
-    saved = TrainState(epoch=first_state.epoch, batches_done=first_state.batches_done)
+    saved = Progress(epoch=first_state.epoch, batches_done=first_state.batches_done)
     assert saved.batches_done == 6
     assert first + take(saved, 17) == straight
 

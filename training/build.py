@@ -41,7 +41,7 @@ from attnmt.training.config import Configs, OptimConfig
 from attnmt.training.ema import WeightEMA
 from attnmt.training.kernels import use_fast_dropout
 from attnmt.training.schedule import inverse_sqrt_warmup, noam
-from attnmt.training.state import Trainee, TrainState
+from attnmt.training.state import Progress, Trainee
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ def build_trainee(cfg: Configs, tokenizer: Tokenizer, device: torch.device) -> T
         model,
         build_optimizer(cfg.optim, model),
         build_scaler(device, cfg.trainer.precision),
-        TrainState(),
+        Progress(),
         WeightEMA(model, decay) if decay > 0 else None,
     )
 

@@ -51,7 +51,7 @@ def corpus_file(folder: Path, split: str, lang: str) -> Path:
     )
 
 
-class Progress:
+class ProgressLine:
     """Lines done, lines/s and the time left, on one stderr line a chunk."""
 
     def __init__(self, total: int, start: int, log: Callable[[str], None]) -> None:
@@ -160,7 +160,7 @@ def distill_corpus(
         f.truncate(state["bytes"])  # drop a chunk a killed run wrote only part of
     if state["lines"]:
         log(f"resuming: {state['lines']:,} of {len(sources):,} lines were distilled before")
-    progress = Progress(len(sources), state["lines"], log)
+    progress = ProgressLine(len(sources), state["lines"], log)
     for done, chunk in _chunks(sources, state["lines"], chunk_lines):
         translations = translate(chunk)
         if len(translations) != len(chunk):

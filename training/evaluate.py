@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     import datasets
 
-    from attnmt.training.state import TrainState
+    from attnmt.training.state import Progress
 
     Autocast = Callable[[], AbstractContextManager]  # a fresh precision context per use
 
@@ -90,7 +90,7 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, Any]:
 
 
 def results_summary(
-    state: TrainState,
+    state: Progress,
     decoding: RunDecoding,
     model: torch.nn.Module,
     world_size: int,

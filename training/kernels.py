@@ -2,14 +2,13 @@
 checked against the formula it replaces (tests/test_dropout.py, tests/test_loss.py).
 
 - `dropout(x, p, training)` (Srivastava et al. 2014) with a cheap random mask on the CPU.
-  `F.dropout` on the CPU draws one Bernoulli sample per element, about 10% of the `tiny` model's
-  bf16 training step under torch.profiler (on a 2-core AMD EPYC Zen 4 with AVX512-BF16;
-  docs/benchmarks.md, "The loss and dropout kernels"). Here one 32-bit draw of the same generator
+  `F.dropout` on the CPU draws one Bernoulli sample per element, a visible share of the `tiny`
+  model's bf16 training step under torch.profiler (docs/benchmarks.md, "The loss and dropout
+  kernels"). Here one 32-bit draw of the same generator
   (`torch.manual_seed` seeds it) gives two elements 15 random bits each, and an element is dropped
   when its bits are below round(p * 2^15): the rate is p to within 2^-16, and the kept elements are
   scaled by exactly 1 / (1 - that rate), so the expectation is the input's, as in `F.dropout`.
-  Forward + backward on a (64, 32, 256) bf16 tensor, 2 threads, that CPU: about 3x faster than
-  `F.dropout`. Elsewhere (CUDA, under `torch.compile`) this is `F.dropout`, whose kernels are
+  It is faster than `F.dropout` on the CPU (the figure: that section). Elsewhere (CUDA, under `torch.compile`) this is `F.dropout`, whose kernels are
   fused already.
   The model holds plain `nn.Dropout` modules (inference never needs this file); training
   swaps them for `Dropout` below with `use_fast_dropout`, where it builds the model.

@@ -40,7 +40,7 @@ from attnmt.training.kernels import label_smoothed_cross_entropy
 from attnmt.training.resume_config import ResumePlan
 from attnmt.training.run import Learner, Run
 from attnmt.training.run_dir import RunDirLock
-from attnmt.training.state import TrainState, roll_back
+from attnmt.training.state import Progress, roll_back
 from attnmt.training.stop import StopRequests
 
 log = logging.getLogger(__name__)
@@ -428,7 +428,7 @@ def _full(value: float, device: torch.device) -> torch.Tensor:
 
 
 def _updates(
-    batches: BatchIterator, state: TrainState, trainer: TrainerConfig, pin_memory: bool
+    batches: BatchIterator, state: Progress, trainer: TrainerConfig, pin_memory: bool
 ) -> Iterator[list[Batch]]:
     """Groups of `trainer.update_freq` batches (`trainer.prefetch` of them made ahead, on a
     background thread) until `trainer.max_epochs`, from where `state` says (mid-epoch on a
@@ -456,14 +456,14 @@ def _out_of_time(trainer: TrainerConfig, wall_seconds: float) -> bool:
     return trainer.max_minutes > 0 and wall_seconds >= 60.0 * trainer.max_minutes
 
 
-def _should_stop(state: TrainState, trainer: TrainerConfig) -> bool:
+def _should_stop(state: Progress, trainer: TrainerConfig) -> bool:
     stopped = _stopped_by(state, trainer)
     if stopped == "patience":
         log.info("early stop: valid BLEU did not improve for %d validations", state.bad_evals)
     return stopped is not None
 
 
-def _stopped_by(state: TrainState, trainer: TrainerConfig) -> str | None:
+def _stopped_by(state: Progress, trainer: TrainerConfig) -> str | None:
     """The stopping rule `state` has reached (results.json's `stopped_by`), or None."""
     if trainer.max_steps and state.step >= trainer.max_steps:
         return "max_steps"
@@ -479,7 +479,7 @@ class _WallClock:
     this run dir spent (`state.wall_seconds` as `last.pt` saved it) plus this run's time since
     its loop started. `tick()` writes it into `state` (before each save and each check)."""
 
-    def __init__(self, state: TrainState) -> None:
+    def __init__(self, state: Progress) -> None:
         self.state, self.before, self.started = state, state.wall_seconds, time.perf_counter()
 
     def tick(self) -> float:

@@ -36,8 +36,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainState:
-    """Progress; identical on every rank."""
+class Progress:
+    """How far training has come: the counters a resume restores; identical on every rank.
+    (The holders, innermost first: `Progress` < `Trainee`, what a checkpoint restores <
+    `run.Learner`, what one update uses < `run.Run`, which validates, saves and tests.)"""
 
     step: int = 0  # optimizer updates done
     epoch: int = 0  # current epoch, from 0
@@ -58,12 +60,13 @@ class TrainState:
 
 @dataclass
 class Trainee:
-    """The objects that training changes and a checkpoint restores."""
+    """The objects that training changes and a checkpoint restores: weights, optimizer, loss
+    scale, `Progress` and the weights' average."""
 
     model: torch.nn.Module  # the plain model (not the DDP or compiled wrapper)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    state: TrainState
+    state: Progress
     ema: WeightEMA | None = None  # the weights' moving average (trainer.ema_decay > 0)
 
     def inference_weights(self) -> dict[str, torch.Tensor]:
@@ -141,7 +144,7 @@ def resume(
         )
     _restore_learning(trainee, ckpt, source)
     saved = ckpt["train_state"]  # older checkpoints were written at validations only
-    trainee.state = TrainState(**{"validated_step": saved["step"], **saved})
+    trainee.state = Progress(**{"validated_step": saved["step"], **saved})
     if len(rngs) == ctx.world_size:
         set_rng_state(rngs[ctx.rank], ctx.device)
     else:
