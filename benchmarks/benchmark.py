@@ -1,19 +1,10 @@
-#!/usr/bin/env python
-"""Ours against its peers, each system a black box: Hugging Face `transformers`
-(`MarianMTModel`) and CTranslate2, on the same weights.
-
-* Decoding real sentences (`--run DIR --src FILE [--ref FILE]`): a trained checkpoint searched
-  by ours as `translate.py` runs it (fp32 and int8), by `MarianMTModel.generate` on our weights
-  and by CTranslate2 float32 and int8 on our export, each system in a process of its own
-  (`benchmarks.peers`): sentences/s, sacreBLEU (with `--ref`) and ours / each system.
-  `--cpu-kinds native,avx2` runs every system once more capped to AVX2 in the same run.
-* The training step (without `--run`): forward + label-smoothed (0.1) loss + backward + Adam of
-  ours and `MarianMTModel` with our initial weights (the same function) on one random batch of
-  `--batch-tokens` (`B * max(S, T)`); tokens/s of source + target non-pad tokens. On a GPU also
-  bf16 and torch.compile variants and the model FLOPs utilisation (`train_flops`, `mfu`).
-
-Repeats are interleaved with a rotating order (A B C, B C A, ...); a figure is the median with
-its min-max range; a ratio ours / peer is taken per repeat (> 1: ours faster).
+"""Ours against its peers, each system a black box on the same weights: `MarianMTModel`
+(transformers) and CTranslate2. With `--run DIR --src FILE [--ref FILE]`: a trained model
+decodes real sentences, ours as `translate.py` runs it (fp32, int8), the peers on our weights
+or export, each system in a process of its own (`benchmarks.peers`): sentences/s, sacreBLEU and
+ours / each system, per `--cpu-kinds`. Without `--run`: the training step (forward,
+label-smoothed loss, backward, Adam) of ours and `MarianMTModel` with our initial weights on
+one random batch; on a GPU also bf16, torch.compile and MFU. Ratios: ours / peer per repeat.
 
 Usage:
     python -m benchmarks.benchmark --run RUN_DIR --src test2016.en --ref test2016.de \\
@@ -26,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import json
 import platform
 import sys
 import tempfile
@@ -39,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnmt.common.errors import UserError, exit_status
+from attnmt.common.errors import UserError
 from attnmt.common.runtime import DATASHEET_BF16_FLOPS, autocast, datasheet_gpu
 from attnmt.data.batching import Batch, collate
 from attnmt.data.tokenizer import SpecialIds
@@ -49,9 +38,9 @@ from attnmt.exporting.shared import INSTALL_HINT, require
 from attnmt.model import ModelConfig, Transformer
 from attnmt.model.config import ACTIVATIONS
 from attnmt.training.kernels import label_smoothed_cross_entropy, use_fast_dropout
-from benchmarks import peers
+from benchmarks import harness, peers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = harness.ROOT
 PRESETS = ROOT / "conf" / "model"  # the model presets' one source: conf/model/<name>.yaml
 SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
 LABEL_SMOOTHING = 0.1
@@ -94,14 +83,6 @@ def model_config(preset: str, vocab: int, activation: str = "relu") -> tuple[Mod
             "use a preset with norm_first=false, share_embeddings/tie_output=true"
         )
     return cfg, str(path.relative_to(ROOT))
-
-
-def version(name: str) -> str | None:
-    """The installed version of package `name`, None when it does not import."""
-    try:
-        return importlib.import_module(name).__version__
-    except ImportError:
-        return None
 
 
 def build_models(
@@ -231,10 +212,10 @@ def bench_train(
         for _ in range(args.warmup + (2 if compile_ else 0)):  # compile: recompile passes
             step(batch)
     runs = {name: (lambda step=step: step(batch)) for name, (step, _) in trainees.items()}
-    times = peers.interleaved(runs, args.repeats, lambda: now(device))
+    times = harness.interleaved(runs, args.repeats, lambda: now(device))
     results: dict[str, dict] = {}
     for name, (_, n_params) in trainees.items():
-        spread = peers.Spread.of(times[name])
+        spread = harness.Spread.of(times[name])
         r = results[name] = {"params": n_params, "times_s": times[name]}
         r.update(median_s=spread.median, min_s=spread.low)
         r["tokens_per_s"] = (batch.n_src_tokens + batch.n_tgt_tokens) / spread.median
@@ -253,19 +234,14 @@ def bench_train(
 
 def print_train_table(entry: dict[str, Any]) -> None:
     """The measurement's table, and ours / the peer (median and range of per-repeat ratios)."""
-    head = f"  {'model':<16}{'params':>12}{'median ms':>11}{'min ms':>9}{'tokens/s':>11}"
-    print(head + f"{'MFU':>10}{'MFU sheet':>11}")
-    for name, r in entry["results"].items():
-        mfu_ = "GPU only" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        sheet = "n/a" if r["mfu_datasheet"] is None else f"{100 * r['mfu_datasheet']:.1f}%"
-        print(
-            f"  {name:<16}{r['params']:>12,}{r['median_s'] * 1e3:>11.1f}{r['min_s'] * 1e3:>9.1f}"
-            f"{r['tokens_per_s']:>11,.0f}{mfu_:>10}{sheet:>11}"
-        )
+    rows = [[name, f"{r['params']:,}", f"{r['median_s'] * 1e3:.1f}", f"{r['min_s'] * 1e3:.1f}",
+             f"{r['tokens_per_s']:,.0f}", harness.percent(r["mfu"]), harness.percent(r["mfu_datasheet"])]
+            for name, r in entry["results"].items()]  # fmt: skip
+    print("\n".join(harness.table(["model", "params", "median ms", "min ms", "tokens/s", "MFU", "MFU sheet"], rows)))  # fmt: skip
     entry["ratios"], entry["ratio_ranges"] = {}, {}
     for name, r in entry["results"].items():
         if name != OURS:
-            spread = peers.ratio_spread(entry["results"][OURS]["times_s"], r["times_s"])
+            spread = harness.ratio_spread(entry["results"][OURS]["times_s"], r["times_s"])
             entry["ratios"][f"ours/{name}"] = spread.median
             entry["ratio_ranges"][f"ours/{name}"] = spread.as_dict()
             print(f"  ratio ours/{name} (training tokens/s): {spread.format('.3f')}")
@@ -282,7 +258,7 @@ def bench_training(args: argparse.Namespace) -> dict[str, Any]:
         f"dropout={cfg.dropout} attn/act dropout={cfg.attn_dropout}/{cfg.act_dropout} "
         f"vocab={args.vocab} shared+tied, post-norm; device={device} "
         f"threads={torch.get_num_threads()} torch {torch.__version__} "
-        f"transformers {version('transformers') or 'not installed'}; peers: "
+        f"transformers {harness.version('transformers') or 'not installed'}; peers: "
         f"{', '.join(args.peers) or 'none'}; variants: {', '.join(args.variants)}"
     )
     peaks = bf16_peaks(device) if gpu else {"measured": None, "datasheet": None, "gpu": None}
@@ -293,9 +269,9 @@ def bench_training(args: argparse.Namespace) -> dict[str, Any]:
         "meta": {
             "preset": args.preset, "preset_source": source, "config": dataclasses.asdict(cfg),
             "device": str(device),
-            "device_name": torch.cuda.get_device_name(device) if gpu else peers.cpu_model(),
+            "device_name": torch.cuda.get_device_name(device) if gpu else harness.cpu_model(),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": version("transformers"), "python": platform.python_version(),
+            "transformers": harness.version("transformers"), "python": platform.python_version(),
             "platform": platform.platform(), "peers": args.peers, "variants": args.variants,
             "batch_tokens": args.batch_tokens, "max_len": args.max_len,
             "warmup": args.warmup, "repeats": args.repeats, "label_smoothing": LABEL_SMOOTHING,
@@ -388,7 +364,7 @@ def real_tables(
             for peer in dict.fromkeys(every):
                 if (ours_int8, beam) in cells and (peer, beam) in cells:
                     mine, theirs = cells[(ours_int8, beam)], cells[(peer, beam)]
-                    ratio = peers.ratio_spread(mine.times_s, theirs.times_s).format(".2f", "x")
+                    ratio = harness.ratio_spread(mine.times_s, theirs.times_s).format(".2f", "x")
                     table.append(f"  {ours_int8} / {peer}, {peers.search_name(beam)}: {ratio}")
     return table, by_kind
 
@@ -428,9 +404,9 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
         "threads": threads, "inter_threads": inter, "cpu_kinds": args.cpu_kinds,
         "precision": args.precision, "unpacked": args.unpacked,
         "repeats": args.repeats, "torch": torch.__version__,
-        "transformers": version("transformers"), "ctranslate2": version("ctranslate2"),
-        "device_name": peers.cpu_model(), "platform": platform.platform(),
-        "code": peers.code_under_test(),
+        "transformers": harness.version("transformers"), "ctranslate2": harness.version("ctranslate2"),
+        "device_name": harness.cpu_model(), "platform": platform.platform(),
+        "code": harness.code_under_test(),
     }  # fmt: skip
     print(f"{', '.join(map(str, paths))}: {len(lines)} sentences of {args.src}, searched as "
           f"translate.py does (ours in {args.precision}, int8 in int8/fp32) "
@@ -471,78 +447,45 @@ def bench_real(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def csv(kind: type) -> Callable[[str], list]:
-    return lambda text: [kind(x) for x in text.split(",") if x]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="benchmark.py",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Defaults marked 'CPU/GPU' depend on --device. Ratios are ours/peer (> 1: ours "
-        "faster).",
-    )
-    add = p.add_argument
+def add_flags(add: Callable) -> None:
+    csv = harness.csv
     # fmt: off
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cpu or cuda (default: cuda when available)")
     add("--peers", type=csv(str), default=[MARIAN, CT2],
-        help=f"comma list of {MARIAN} (MarianMTModel: training and --run) and {CT2} (--run: "
-        "float32 and int8) (default: both)")
-    add("--repeats", type=int, default=None,
-        help="timed calls per system, interleaved (default: 7; with --run 3)")
-    add("--threads", type=int, default=None,
-        help="CPU threads of torch and CTranslate2 (default: torch's; with --run 2)")
-    add("--seed", type=int, default=0, help="seed of weights and batches (default: 0)")
-    add("--json", type=Path, default=None, metavar="PATH", help="write all results here")
-    train = p.add_argument_group("the training step (without --run)").add_argument
-    train("--preset", choices=preset_names(), default=None,
-          help="conf/model/<preset>.yaml (default: CPU tiny, GPU base)")
-    train("--vocab", type=int, default=8000, help="shared vocabulary (default: 8000)")
-    train("--activation", choices=ACTIVATIONS, default="relu",
-          help="feed-forward activation (default: relu)")
-    train("--batch-tokens", type=csv(int), default=None,
-          help="comma list of batch budgets, B * max(S, T) incl. padding "
-          "(default: CPU 2048, GPU 4096,16384)")
-    train("--max-len", type=int, default=32,
-          help="longest sentence; lengths uniform in [max_len/2, max_len] (default: 32)")
-    train("--variants", type=csv(str), default=None,
-          help=f"comma list of {', '.join(VARIANTS)} (default: CPU fp32, GPU "
-          "fp32,bf16,bf16+compile)")
-    train("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+        help=f"comma list of {MARIAN} (training and --run) and {CT2} (--run) (default: both)")
+    add("--preset", choices=preset_names(), default=None,
+        help="training: conf/model/<preset>.yaml (default: CPU tiny, GPU base)")
+    add("--vocab", type=int, default=8000, help="training: shared vocabulary (default: 8000)")
+    add("--activation", choices=ACTIVATIONS, default="relu", help="training: FFN activation")
+    add("--batch-tokens", type=csv(int), default=None,
+        help="training: batch budgets, B * max(S, T) (default: CPU 2048, GPU 4096,16384)")
+    add("--max-len", type=int, default=32, help="training: lengths in [max_len/2, max_len]")
+    add("--variants", type=csv(str), default=None,
+        help=f"training: {', '.join(VARIANTS)} (default: CPU fp32, GPU fp32,bf16,bf16+compile)")
+    add("--warmup", type=int, default=2, help="training: untimed steps first (default: 2)")
     # fmt: on
-    add_real_flags(p.add_argument_group("real sentences (--run): a trained model on a test set"))
-    return p
+    add_real_flags(add)
 
 
-def add_real_flags(group: argparse._ArgumentGroup) -> None:
-    add = group.add_argument
+def add_real_flags(add: Callable) -> None:
+    csv = harness.csv
     # fmt: off
     add("--run", type=Path, action="append", default=[], metavar="DIR",
-        help="a train.py run dir (its checkpoints/best.pt) or a checkpoint file: decode --src "
-        "with ours (fp32, int8) and the --peers, and print one table; repeated, every run "
-        "(each with its own tokenizer) in one interleaved table, the ratios against the first "
-        "run's ours (e.g. a distilled student against its teacher)")
+        help="a train.py run dir or checkpoint: decode --src with ours (fp32, int8) and the "
+        "--peers; repeated: every run (its own tokenizer) in one table, ratios against the first")
     add("--src", type=Path, default=None, help="source sentences, one a line")
     add("--ref", type=Path, default=None, help="references: sacreBLEU per cell")
     add("--limit", type=int, default=0, help="first N sentences only (0: all)")
     add("--beams", type=csv(int), default=[1, 5], help="beam sizes; 1 = greedy (default: 1,5)")
     add("--decode-batch", type=int, default=64, help="sentences per batch (default: 64)")
     add("--inter-threads", type=int, default=1, metavar="N",
-        help="ours (translate.py --inter-threads N) and CTranslate2 search N batches at once, "
-        "the threads divided among them; transformers one at a time (default: 1)")
+        help="ours and CTranslate2 search N batches at once, the threads divided (default: 1)")
     add("--cpu-kinds", type=csv(str), default=["native"],
-        help="comma list of CPU kinds to run every system on, interleaved in one run: native "
-        "(what this CPU has) and avx2 (ours under ATEN_CPU_CAPABILITY=avx2 "
-        "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2, CTranslate2 under "
-        "CT2_FORCE_CPU_ISA=AVX2); a table per kind (default: native)")
+        help=f"run every system on each of {', '.join(peers.CPU_KINDS)} (peers.CPU_KINDS' "
+        "environment caps the instruction sets); a table per kind (default: native)")
     add("--precision", choices=("fp32", "bf16"), default="fp32",
-        help="ours' float systems decode under this autocast, as translate.py --precision "
-        "(default: fp32)")
+        help="ours' float systems decode under this autocast, as translate.py --precision")
     add("--unpacked", action="store_true",
-        help="ours once more with the engine's packed paths off (Engine pack=False): "
-        f"'{UNPACKED}', the A/B that judges them")
+        help=f"ours once more with the engine's packed paths off: '{UNPACKED}'")
     # fmt: on
 
 
@@ -569,10 +512,7 @@ def check_real_flags(args: argparse.Namespace) -> None:
 
 def resolve_defaults(args: argparse.Namespace) -> None:
     check_real_flags(args)
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {args.threads}")
-    if args.repeats is not None and args.repeats < 1:
-        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    args.seed = args.seed or 0
     args.repeats = args.repeats or (3 if args.run else 7)
     if args.run and args.threads is None:
         args.threads = 2
@@ -589,27 +529,21 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     if unknown:
         raise UserError(f"unknown peer(s) {unknown}; use {MARIAN},{CT2}")
     for name, hint in ((MARIAN, "pip install -e '.[bench]'"), (CT2, INSTALL_HINT)):
-        if name in args.peers and version(name) is None:
+        if name in args.peers and harness.version(name) is None:
             print(f"NOTE: `{name}` is not installed, so it is skipped (install it with: {hint}).")
             args.peers = [p for p in args.peers if p != name]
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse flags, run the measurements, print tables; returns the JSON report."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the measurements, print tables; returns the JSON report."""
     resolve_defaults(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = bench_real(args) if args.run else bench_training(args)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
-    return report
+    return bench_real(args) if args.run else bench_training(args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return exit_status("benchmark.py", lambda: run(argv))
+    return harness.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,15 @@
-"""Ours and its peers decoding the same real sentences, timed (`benchmarks/benchmark.py --run`).
+"""Ours and its peers decoding the same real sentences, timed (`benchmark.py --run`).
 
-A system is a function (source ids without specials, `SearchConfig`) -> the best target ids of
-each sentence, without BOS/EOS, in input order: ours as `translate.py` searches
-(`ours_system`), `MarianMTModel.generate` on our weights (`transformers_system`), CTranslate2
-on an `export_ct2` folder (`ct2_system`). The peers get ours' batches (length-sorted), one call
-per batch with the largest length budget of its sentences (both take one limit per call).
-SentencePiece is outside the timings. `compare` times every (system, search) on all sentences,
-`repeats` times, interleaved with a rotating order so that machine noise hits every cell
-alike, each system in a process of its own (`Isolated`), as users run them.
+A system maps (source ids, `SearchConfig`) to the best target ids per sentence, in input
+order: ours as `translate.py` searches, `MarianMTModel.generate` on our weights, CTranslate2 on
+an `export_ct2` folder. The peers get ours' length-sorted batches, each with its largest length
+budget. `compare` times every (system, search), each system in a process of its own.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -34,6 +28,8 @@ from attnmt.decoding.translator import Translator, length_sorted_batches
 from attnmt.exporting.ct2 import ct2_batch_options, ct2_target_ids
 from attnmt.exporting.hf import hf_generate, to_marian
 from attnmt.exporting.shared import budgets, require
+from benchmarks import harness
+from benchmarks.harness import Spread, interleaved, ratio_spread
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
@@ -52,33 +48,6 @@ CPU_KINDS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
         "ctranslate2": (("CT2_FORCE_CPU_ISA", "AVX2"),),
     },
 }
-
-
-def cpu_model() -> str:
-    """The CPU as `lscpu` names it: model name, family and model number (/proc/cpuinfo on
-    Linux), else what `platform` knows."""
-    try:
-        block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]  # the first processor
-        fields = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in block.split("\n"))}
-        return f"{fields['model name']} (family {fields['cpu family']}, model {fields['model']})"
-    except (OSError, KeyError):
-        import platform
-
-        return platform.processor() or platform.machine()
-
-
-def code_under_test() -> str:
-    """The tree `attnmt` is imported from here, at its commit (`git describe --dirty`): an A/B of
-    two checkouts must print two trees (the editable install, PYTHONPATH and the working
-    directory decide which)."""
-    import attnmt.engine
-
-    root = Path(attnmt.engine.__file__).resolve().parent.parent
-    git = ["git", "-C", str(root), "describe", "--always", "--dirty"]
-    try:
-        return f"{root} at {subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()}"  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return f"{root} (not a git checkout)"
 
 
 def ours_system(
@@ -261,52 +230,6 @@ class _Worker:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def interleaved(
-    runs: dict[Any, Callable[[], Any]], repeats: int, sync: Callable[[], Any] | None = None
-) -> dict[Any, list[float]]:
-    """Seconds per call of each run, repeats interleaved (ABC BCA CAB ...) so that drifts in
-    machine speed hit every run. `sync` (e.g. a CUDA synchronize) is called before and after
-    each timed call. A run that returns a float reports its own seconds (an `Isolated` system,
-    timed in its process)."""
-    times: dict[Any, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            if sync:
-                sync()
-            start = time.perf_counter()
-            result = runs[name]()
-            if sync:
-                sync()
-            own = isinstance(result, float)
-            times[name].append(result if own else time.perf_counter() - start)
-    return times
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A median and the min-max range of repeated figures."""
-
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
-
-    def format(self, spec: str = ",.1f", suffix: str = "") -> str:
-        return f"{self.median:{spec}}{suffix} ({self.low:{spec}}-{self.high:{spec}}{suffix})"
-
-    def as_dict(self) -> dict[str, float]:
-        return {"median": self.median, "min": self.low, "max": self.high}
-
-
-def ratio_spread(ours_s: Sequence[float], peer_s: Sequence[float]) -> Spread:
-    """ours' speed / the peer's, per repeat (the same work: peer seconds / ours seconds)."""
-    return Spread.of([p / o for o, p in zip(ours_s, peer_s, strict=True)])
-
-
 @dataclass
 class Cell:
     """One system x one search: its timed seconds and its (last) output."""
@@ -378,41 +301,31 @@ def table(
     ours / system), the output checks (ids against ours' where `same_vocab(system)`), and the
     same figures as a JSON-able dict. Figures: median (min-max) over the repeats."""
     systems = list(dict.fromkeys(name for name, _ in cells))
-    beams = list(dict.fromkeys(beam for _, beam in cells))
-    head = ["system"] + [f"{search_name(b)} sent/s" for b in beams]
-    head += [f"{search_name(b)} BLEU" for b in beams] if bleu else []
-    head += [f"{ours} / system, {search_name(b)}" for b in beams]
-    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
-    report: dict[str, Any] = {}
-    checks = []
+    searches = {beam: search_name(beam) for _, beam in cells}
+    head = [f"{s} sent/s" for s in searches.values()]
+    head += [f"{s} BLEU" for s in searches.values()] if bleu else []
+    head += [f"{ours} / system, {s}" for s in searches.values()]
+    rows, checks, report = [], [], {}
     n = len(next(iter(cells.values())).ids)
     for name in systems:
-        row, entry, ratios, bleus = [name], report.setdefault(name, {}), [], []
-        for beam in beams:
+        entry = report[name] = {}
+        for beam, search in searches.items():
             cell, mine = cells[(name, beam)], cells[(ours, beam)]
-            ratio = ratio_spread(mine.times_s, cell.times_s)
-            bleus.append(bleu(name, cell.ids) if bleu else None)
-            entry[search_name(beam)] = {
-                "sentences_per_s": cell.rate().as_dict(),
-                "times_s": cell.times_s,
-                f"ratio_{ours}_over_system": ratio.as_dict(),
+            same = sum(a == b for a, b in zip(cell.ids, mine.ids, strict=True))
+            entry[search] = {
+                "sentences_per_s": cell.rate().as_dict(), "times_s": cell.times_s,
+                f"ratio_{ours}_over_system": ratio_spread(mine.times_s, cell.times_s).as_dict(),
                 "tokens_per_sentence": cell.tokens_per_sentence(),
-                "same_ids_as_ours": sum(a == b for a, b in zip(cell.ids, mine.ids, strict=True))
-                if same_vocab(name)
-                else None,  # ids of another tokenizer: nothing to compare
-                "bleu": bleus[-1],
-            }
-            row.append(cell.rate().format())
-            ratios.append("1" if name == ours else ratio.format(".2f", "x"))
-        row += [f"{b:.2f}" for b in bleus] if bleu else []
-        lines.append("| " + " | ".join(row + ratios) + " |")
+                "same_ids_as_ours": same if same_vocab(name) else None,  # else another vocabulary
+                "bleu": bleu(name, cell.ids) if bleu else None,
+            }  # fmt: skip
+        row = [cells[(name, b)].rate().format() for b in searches]
+        row += [f"{entry[s]['bleu']:.2f}" for s in searches.values()] if bleu else []
+        row += ["1" if name == ours else ratio_spread(cells[(ours, b)].times_s, cells[(name, b)].times_s).format(".2f", "x") for b in searches]  # fmt: skip
+        rows.append([name, *row])
         checks.append(f"  {name:<20} " + "; ".join(
-            f"{search_name(b)}: {_count(entry[search_name(b)]['same_ids_as_ours'])}/{n}, "
-            f"{entry[search_name(b)]['tokens_per_sentence']:.1f}" for b in beams
-        ))  # fmt: skip
+            f"{s}: {'-' if entry[s]['same_ids_as_ours'] is None else entry[s]['same_ids_as_ours']}"
+            f"/{n}, {entry[s]['tokens_per_sentence']:.1f}" for s in searches.values()))  # fmt: skip
+    lines = harness.table(["system", *head], rows)
     lines += ["", f"outputs (of {n} sentences): same ids as {ours}; tokens per sentence"]
     return lines + checks, report
-
-
-def _count(same: int | None) -> str:
-    return "-" if same is None else str(same)

@@ -1,32 +1,22 @@
-"""The training step as train.py runs it (`training.loop.train_step`: fused Adam, the trainer's
-label-smoothed loss, gradient clipping, the default config's weight average (EMA), no host
-reads), timed per model preset and variant, with what keeps the device from being busy:
+"""The training step as train.py runs it (`training.loop.train_step`), per preset and variant:
 
     python -m benchmarks.train_step --device cuda --presets base,big --batch-tokens 16384 \\
         --variants bf16,bf16+compile --json step.json
 
-Per preset x variant (eager, or `trainer.compile=true`: each layer compiled):
-- tokens/s: the non-pad source + target tokens of the timed updates over their time;
-- MFU: model FLOPs per update (`benchmark.train_flops`: 6 x (weight MACs + attention MACs) of
-  the non-pad tokens) / step time / the bf16 peak of an 8192^3 `torch.mm` measured here, and
-  over the datasheet's dense bf16 peak;
-- syncs/update: host waits for the device in one update (CUDA's sync debug mode; on a CPU the
-  host reads of `tests.host_reads` in an eager update);
-- kernel ms/update: the union of the device's kernel intervals (`torch.profiler`) per update,
-  and busy: that over the (unprofiled) step time; kernels per update; the top kernels go to the
-  JSON;
-- peak memory (`torch.cuda.max_memory_allocated`; a CPU has none to report).
-Batches are random ids (lengths uniform in [max_len/2, max_len], max_len rotating over
-`--max-lens`, a new shape each update), pinned on the host and copied as training copies them.
+tokens/s; MFU (`benchmark.train_flops` over the step time and the bf16 peak measured here and
+the datasheet's); host syncs per update (CUDA's sync debug mode; on a CPU `tests.host_reads`);
+kernel time per update (`torch.profiler`, the union of kernel intervals) and busy (that over
+the step time); peak memory. Random batches, max_len rotating over `--max-lens`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,6 +27,7 @@ from attnmt.training import build, distributed
 from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
+from benchmarks import harness
 from benchmarks.benchmark import SPECIAL, bf16_peaks, now, train_batch, train_configs, train_flops
 
 
@@ -158,35 +149,23 @@ def measure(preset: str, variant: str, args: argparse.Namespace, peak: dict) -> 
     return entry
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def print_table(entries: list[dict[str, Any]], peak: dict) -> None:
     measured = "n/a" if not peak["measured"] else f"{peak['measured'] / 1e12:.0f}"
     sheet = "n/a" if not peak["datasheet"] else f"{peak['datasheet'] / 1e12:.0f}"
     print(f"\nMFU = 6 x (weight MACs + attention MACs) of the non-pad tokens per update / step "
           f"time / bf16 peak: measured {measured} TFLOP/s (8192^3 torch.mm), datasheet {sheet}")  # fmt: skip
-    print(f"{'preset':<7}{'variant':<14}{'params':>8}{'tok/upd':>9}{'ms/upd':>9}{'tok/s':>11}"
-          f"{'MFU':>7}{'sheet':>7}{'syncs':>6}{'kern ms':>8}{'busy':>7}{'kern':>6}{'peak GiB':>9}"
-          f"{'1st s':>7}")  # fmt: skip
-    for e in entries:
-        memory = "n/a" if e["peak_memory_gib"] is None else f"{e['peak_memory_gib']:.1f}"
-        syncs = "n/a" if e["syncs_per_update"] is None else str(e["syncs_per_update"])
-        print(
-            f"{e['preset']:<7}{e['variant']:<14}{e['params'] / 1e6:>7.1f}M"
-            f"{e['tokens_per_update']:>9,.0f}{e['ms_per_update']:>9.2f}{e['tokens_per_s']:>11,.0f}"
-            f"{_pct(e['mfu']):>7}{_pct(e['mfu_datasheet']):>7}{syncs:>6}"
-            f"{e['kernel_ms_per_update']:>8.2f}{_pct(e['busy']):>7}"
-            f"{e['kernels_per_update']:>6.0f}{memory:>9}{e['first_update_s']:>7.1f}"
-        )
+    head = ["preset", "variant", "params", "tok/upd", "ms/upd", "tok/s", "MFU", "sheet", "syncs"]
+    head += ["kern ms", "busy", "kern", "peak GiB", "1st s"]
+    pct, na = harness.percent, lambda x, f: "n/a" if x is None else format(x, f)  # noqa: E731
+    rows = [[e["preset"], e["variant"], f"{e['params'] / 1e6:.1f}M", f"{e['tokens_per_update']:,.0f}",
+             f"{e['ms_per_update']:.2f}", f"{e['tokens_per_s']:,.0f}", pct(e["mfu"]),
+             pct(e["mfu_datasheet"]), na(e["syncs_per_update"], "d"),
+             f"{e['kernel_ms_per_update']:.2f}", pct(e["busy"]), f"{e['kernels_per_update']:.0f}",
+             na(e["peak_memory_gib"], ".1f"), f"{e['first_update_s']:.1f}"] for e in entries]  # fmt: skip
+    print("\n".join(harness.table(head, rows)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    add = parser.add_argument
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def add_flags(add: Callable) -> None:
     add("--presets", default="base,big", help="conf/model presets, comma-separated")
     add("--variants", default="bf16,bf16+compile", help="fp32|bf16[+compile], comma-separated")
     add("--batch-tokens", type=int, default=16384, help="tokens per batch, padding counted")
@@ -194,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     add("--vocab", type=int, default=32000, help="shared vocabulary (default: 32000)")
     add("--cycles", type=int, default=5, help="timed passes over the batches (median)")
     add("--profile-updates", type=int, default=4, help="updates under the profiler")
-    add("--seed", type=int, default=1)
-    add("--json", help="write the entries and the peaks here")
-    args = parser.parse_args(argv)
-    args.max_lens = [int(n) for n in args.max_lens.split(",")]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args.max_lens, args.seed = [int(n) for n in args.max_lens.split(",")], args.seed or 1
     device = torch.device(args.device)
     gpu = device.type == "cuda"
     peak = bf16_peaks(device) if gpu else {"measured": None, "datasheet": None, "gpu": None}
@@ -207,17 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     entries = []
     for preset in args.presets.split(","):
         for variant in args.variants.split(","):
-            entries.append(measure(preset, variant, args, peak))
-            e = entries[-1]
+            entries.append(e := measure(preset, variant, args, peak))
             print(f"{preset} {variant}: {e['ms_per_update']:.2f} ms/update, "
-                  f"MFU {_pct(e['mfu'])}, top {e['top_ms_per_update'][:3]}", flush=True)  # fmt: skip
+                  f"MFU {harness.percent(e['mfu'])}, top {e['top_ms_per_update'][:3]}", flush=True)  # fmt: skip
     print_table(entries, peak)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": name, "torch": torch.__version__, "peak": peak,
-                       "args": vars(args), "entries": entries}, f, indent=1)  # fmt: skip
-    return 0
+    return {"device": name, "torch": torch.__version__, "peak": peak, "args": vars(args), "entries": entries}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    return harness.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())
