@@ -29,7 +29,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnmt.cli import import_hf
 from attnmt.common.errors import UserError
 from attnmt.data.dataset import _encode_batch
 from attnmt.training import build, distributed
@@ -61,7 +60,7 @@ def build_and_import(args: argparse.Namespace, tmp: Path, lines: list[str]) -> P
     folder = nllb_folder(tmp / "hf", lines, args.vocab, args.seed, sizes, decodable=False)
     args.seconds["spm + build + save"], started = time.perf_counter() - started, time.perf_counter()
     flags = ["--out", str(tmp / "run"), "--src-lang", LANGS[0], "--tgt-lang", LANGS[1]]
-    if import_hf.main([str(folder), *flags]) != 0:
+    if harness.cli("import_hf").main([str(folder), *flags]) != 0:
         raise UserError("import_hf.py failed (its message is above)")
     args.seconds["import"] = time.perf_counter() - started
     return folder

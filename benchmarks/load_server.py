@@ -83,10 +83,9 @@ class InProcess:
     without HTTP, JSON and the model process's pipe, behind `Client`'s `post` and `get`."""
 
     def __init__(self, checkpoint: str, flags: list[str]) -> None:
-        from attnmt.cli.serve import build_parser, load_batcher, search_config
-
-        args = build_parser().parse_args(["-c", checkpoint, *flags])
-        self.batcher, facts = load_batcher(lambda *_: None, args, checkpoint, search_config(args), False)  # fmt: skip
+        serve = harness.cli("serve")
+        args = serve.build_parser().parse_args(["-c", checkpoint, *flags])
+        self.batcher, facts = serve.load_batcher(lambda *_: None, args, checkpoint, serve.search_config(args), False)  # fmt: skip
         self.defaults = facts["defaults"]
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -249,8 +248,8 @@ def table(levels: list[Level]) -> str:
     return "\n".join(harness.table(head, rows)) + "\n"
 
 
-OFFLINE = """import statistics, sys, time
-from attnmt.cli.translate import build_parser, load_translator, runtime_precision, search_config
+OFFLINE = f"""import statistics, sys, time
+from {harness.CLI["translate"]} import build_parser, load_translator, runtime_precision, search_config
 args = build_parser().parse_args(sys.argv[1:])
 translator, lines, took = load_translator(args, search_config(args)), sys.stdin.read().splitlines(), []
 with runtime_precision(args, translator):
