@@ -164,8 +164,8 @@ def ratio_spread(ours_s: Sequence[float], peer_s: Sequence[float]) -> Spread:
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """A Markdown table, numbers right-aligned (a float with 2 decimals unless formatted)."""
-    numeric = [bool(rows) and all(isinstance(r[i], int | float) for r in rows) for i in range(len(head))]  # fmt: skip
+    """A Markdown table, figures right-aligned (a float with 2 decimals unless formatted)."""
+    numeric = [bool(rows) and all(str(r[i])[:1].isdigit() for r in rows) for i in range(len(head))]
     cell = lambda x: f"{x:,.2f}" if isinstance(x, float) else str(x)  # noqa: E731
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]  # fmt: skip
     return lines + ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
