@@ -40,7 +40,7 @@ def csv(kind: type) -> Callable[[str], list]:
 
 def parser(plugin: ModuleType) -> argparse.ArgumentParser:
     """The common flags (default None: each plug-in says its own) and the plug-in's."""
-    name = plugin.__name__.rpartition(".")[2]
+    name = Path(plugin.__file__).stem  # not "__main__" under python -m
     p = argparse.ArgumentParser(
         prog=f"{name}.py",
         description=plugin.__doc__,
@@ -58,7 +58,7 @@ def parser(plugin: ModuleType) -> argparse.ArgumentParser:
 
 def main(plugin: ModuleType, argv: list[str] | None = None) -> int:
     """Parse, run the plug-in, write --json; the exit status the plug-in's (default 0)."""
-    name = plugin.__name__.rpartition(".")[2]
+    name = Path(plugin.__file__).stem  # not "__main__" under python -m
 
     def go() -> int:
         args = parser(plugin).parse_args(argv)
