@@ -99,6 +99,18 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+def device_name(device: Any) -> str:
+    """The GPU's name, or the CPU model."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if str(device).startswith("cuda") else cpu_model()
+
+
+def variant(name: str) -> tuple[str, bool]:
+    """A training variant `fp32|bf16[+compile]`: (precision, compiled)."""
+    return name.split("+")[0], name.endswith("+compile")
+
+
 def code_under_test() -> str:
     """The tree `attnmt` is imported from, at its commit (`git describe --dirty`): an A/B of
     two checkouts must print two trees."""
