@@ -1,11 +1,7 @@
-"""Fine-tuning an imported NLLB-shaped model in bf16: ours against a plain Transformers loop.
-
-The import tests' `nllb_folder` (NLLB-600M's widths, `--layers` a side), imported by
-`import_hf.py`; the same batches in the same order go to ours (`training.loop.train_step`,
-eager) and to a plain Transformers loop (sdpa, autocast, label-smoothed cross-entropy, ours'
-clip, fused Adam, ours' lr). The first batch's NLL must agree; then `--warmup` untimed and
-`--updates` timed updates each in `--rounds` rotating rounds. Peak memory: state + the largest
-allocation above what was allocated when its updates began.
+"""Fine-tuning an imported NLLB-shaped model (the import tests' `nllb_folder`, imported by
+import_hf.py) in bf16: ours (`training.loop.train_step`) against a plain Transformers loop on
+the same batches in the same order; the first batch's NLL must agree (docs/benchmarks.md, "On a
+GPU").
 
     python -m benchmarks.finetune --json finetune.json  # GPU: 12+12 layers x 1024, 4096 tokens
     python -m benchmarks.finetune --tiny --updates 20 --warmup 2 --batch-tokens 1024   # a CPU
@@ -323,8 +319,7 @@ def add_flags(add: Callable) -> None:
     add("--rounds", type=int, default=2, help="rounds of the timed updates (default 2)")
     add("--precision", choices=("bf16", "fp32"), default="bf16")
     add("--lr-warmup", type=int, default=100, help="optim.warmup_steps (train.py's 4000 keeps the lr near 0 here)")  # noqa: E501
-    add("--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a train.py override for ours (the Transformers loop follows optim)")
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py override for ours (the Transformers loop follows optim)")  # noqa: E501
     # fmt: on
 
 

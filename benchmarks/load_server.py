@@ -1,17 +1,12 @@
-"""Load test for serve.py: throughput and latency at 1, 8 and 32 clients, per server mode,
-and a check that every answer belongs to its request (exit status 1 when one does not).
+"""Load test for serve.py: throughput and latency per client count and server mode (with -c:
+`batching`, `no-batching`, `in-process`: its model and batcher here, no HTTP), against offline
+translate.py with `--offline`; exit status 1 when an answer is not its request's reference
+(docs/benchmarks.md, "Serving under load"). The soak is the slow test tests/test_soak.py.
 
     python -m benchmarks.load_server -c RUN_DIR --beam 5 --sentences 200
     python -m benchmarks.load_server --url http://127.0.0.1:8000 --input FILE
     OMP_NUM_THREADS=1 python -m benchmarks.load_server -c RUN_DIR --beam 1,5 --offline \
         --modes batching,batching,batching             # server against offline translate.py
-
-With -c it starts serve.py on a free loopback port per mode (`batching`, `no-batching`,
-`in-process`: serve.py's model and batcher in this process, without HTTP). References are
-taken one request at a time first; then at each client count the clients send every sentence
-as fast as answers come (after one untimed pass); a wrong answer is a mismatch, a swap when it
-is another sentence's. `--offline` times translate.py's loader and `Translator` (median of 3)
-before each mode's levels. The soak is a slow test: tests/test_soak.py.
 """
 
 from __future__ import annotations

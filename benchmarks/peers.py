@@ -1,5 +1,5 @@
 """Ours and its peers decoding the same real sentences, each system in a process of its own
-(`benchmark.py --run`; docs/benchmarks.md#decoder-against-ctranslate2-each-system-in-its-own-process-zen-4-vm).
+(`benchmark.py --run`; docs/benchmarks.md, "Decoding speed, per CPU kind").
 A system maps (source ids, `SearchConfig`) to the best target ids per sentence, in input order;
 the peers get ours' length-sorted batches, each with its largest length budget."""
 
