@@ -11,8 +11,6 @@ peer per repeat. Explained with today's figures in docs/benchmarks.md.
     python -m benchmarks.benchmark --device cuda --preset base --variants fp32,bf16,bf16+compile
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import platform
@@ -424,9 +422,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return bench_real(args) if args.run else bench_training(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.main(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -7,8 +7,6 @@ Paragraphs are 4 consecutive test2017 sentences. BLEU of translate.py three ways
 per language: an error when it does not find the 4 sentences (unpunctuated ones apart).
 """
 
-from __future__ import annotations
-
 import argparse
 import subprocess
 import sys
@@ -93,9 +91,5 @@ def run(args: argparse.Namespace) -> dict:
     return {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.main(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -7,8 +7,6 @@ GPU").
     python -m benchmarks.finetune --tiny --updates 20 --warmup 2 --batch-tokens 1024   # a CPU
 """
 
-from __future__ import annotations
-
 import argparse
 import itertools
 import os
@@ -161,41 +159,40 @@ def mark(cuda: bool) -> Any:
     """A point in time: a CUDA event on the stream (no host wait), or the host clock."""
     if not cuda:
         return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    (event := torch.cuda.Event(enable_timing=True)).record()
     return event
 
 
 def measure(steps: dict, made: list, args: argparse.Namespace, cuda: bool) -> dict:
-    """Warm-up, then `args.rounds` rounds over the timed batches, the order rotating; per
-    system and round: host seconds (synchronized), ms per update (CUDA events: no host waits),
-    losses and the largest allocation above what was allocated when its updates began."""
-    sync = torch.cuda.synchronize if cuda else lambda: None
+    """Warm-up, then `args.rounds` rounds over the timed batches in the harness's rotating
+    order; per system and round: seconds (synchronized), ms per update (CUDA events: no host
+    waits), losses, and the largest allocation above what was allocated when it began."""
     res = {name: {"rounds": [], "ms": [], "losses": [], "transient": 0} for name in steps}
     for step, batch in itertools.product(steps.values(), made[: args.warmup]):
         step(batch)
-    timed, names = made[args.warmup :], list(steps)
+    timed = made[args.warmup :]
     size = -(-len(timed) // args.rounds)
-    for r in range(args.rounds):
-        part = timed[r * size : (r + 1) * size]
-        for name in harness.rotated(names, r):
-            sync()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated() if cuda else 0
-            started, marks = time.perf_counter(), [mark(cuda)]
-            for batch in part:
-                res[name]["losses"].append(steps[name](batch))
-                marks.append(mark(cuda))
-            sync()
-            seconds, pairs = time.perf_counter() - started, itertools.pairwise(marks)
-            res[name]["ms"] += [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in pairs]
-            tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in part)
-            res[name]["rounds"].append({"tokens": tokens, "seconds": seconds})
-            peak = torch.cuda.max_memory_allocated() - base if cuda else 0
-            res[name]["transient"] = max(res[name]["transient"], peak)
-    for r in res.values():
+
+    def one_round(r: dict, step: Callable) -> None:
+        part = timed[len(r["rounds"]) * size :][:size]
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        base, marks = torch.cuda.memory_allocated() if cuda else 0, [mark(cuda)]
+        for batch in part:
+            r["losses"].append(step(batch))
+            marks.append(mark(cuda))
+        if cuda:
+            torch.cuda.synchronize()  # the events' times are read below
+        r["ms"] += [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in itertools.pairwise(marks)]  # fmt: skip
+        r["rounds"].append({"tokens": sum(b.n_src_tokens + b.n_tgt_tokens for b in part)})
+        r["transient"] = max(r["transient"], torch.cuda.max_memory_allocated() - base if cuda else 0)  # fmt: skip
+
+    runs = {name: (lambda r=res[name], step=step: one_round(r, step)) for name, step in steps.items()}  # fmt: skip
+    times = harness.interleaved(runs, args.rounds, torch.cuda.synchronize if cuda else None)
+    for name, r in res.items():
         r["losses"] = torch.stack(r["losses"]).tolist()
+        for entry, seconds in zip(r["rounds"], times[name], strict=True):
+            entry["seconds"] = seconds
     return res
 
 
@@ -323,9 +320,5 @@ def add_flags(add: Callable) -> None:
     # fmt: on
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.main(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -2,8 +2,8 @@
 
 A plug-in is a module with `__doc__` (its help), `add_flags(add)` (its own flags beside the
 common `--device --repeats --threads --seed --json`) and `run(args)`: the JSON-able report, or
-(report, exit status). `main(plugin, argv)` parses, runs, writes
-`--json` and turns a `UserError` into one line and exit status 1.
+(report, exit status); it ends with `sys.exit(harness.main(sys.modules[__name__]))`.
+`main(plugin, argv)` parses, runs, writes `--json`, and turns a `UserError` into one line.
 """
 
 from __future__ import annotations

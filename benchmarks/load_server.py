@@ -360,9 +360,5 @@ def run(args: argparse.Namespace) -> tuple[list[dict], int]:
     return run_levels(args, [line for line in lines if line][: args.sentences])
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.main(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -3,8 +3,6 @@
 A system maps (source ids, `SearchConfig`) to the best target ids per sentence, in input order;
 the peers get ours' length-sorted batches, each with its largest length budget."""
 
-from __future__ import annotations
-
 import multiprocessing
 import os
 import time

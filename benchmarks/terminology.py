@@ -7,8 +7,6 @@ time of `--limit` sentences at `--beam` with each glossary against none.
         --limit 512 --threads 2 --repeats 3
 """
 
-from __future__ import annotations
-
 import argparse
 import statistics
 import sys
@@ -43,6 +41,10 @@ UNUSUAL = {
 }  # fmt: skip
 
 
+def glossaries() -> dict[str, Glossary | None]:
+    return {"none": None, "usual": Glossary.from_mapping(USUAL), "unusual": Glossary.from_mapping(UNUSUAL)}  # fmt: skip
+
+
 def usage(glossary: Glossary, sources: list[str], outputs: list[str]) -> tuple[int, int]:
     """(pairs whose target term the output uses, (sentence, term) pairs found)."""
     found = zip(sources, outputs, strict=True)
@@ -52,16 +54,14 @@ def usage(glossary: Glossary, sources: list[str], outputs: list[str]) -> tuple[i
 
 def quality(translator: Translator, sources: list[str], refs: list[str]) -> list[dict]:
     """One row per (search, glossary): term-usage rate of each glossary, BLEU, length."""
-    glossaries = {"none": None, "usual": Glossary.from_mapping(USUAL)}
-    glossaries["unusual"] = Glossary.from_mapping(UNUSUAL)
-    rows = []
+    named, rows = glossaries(), []
     for beam in (1, 5):
         translator.search_cfg = SearchConfig(beam_size=beam)
-        for name, glossary in glossaries.items():
+        for name, glossary in named.items():
             outputs = translator.translate(sources, glossary=glossary)
             row = {"search": "greedy" if beam == 1 else f"beam {beam}", "glossary": name}
             for other in ("usual", "unusual"):
-                hits, pairs = usage(glossaries[other], sources, outputs)
+                hits, pairs = usage(named[other], sources, outputs)
                 row[f"{other} terms used"] = f"{100 * hits / pairs:.1f}% ({hits}/{pairs})"
             row["BLEU"] = f"{corpus_bleu(outputs, refs).score:.2f}"
             row["words/sentence"] = f"{statistics.mean(len(o.split()) for o in outputs):.2f}"
@@ -72,10 +72,9 @@ def quality(translator: Translator, sources: list[str], refs: list[str]) -> list
 def timing(translator: Translator, sources: list[str], beam: int, repeats: int) -> list[dict]:
     """Seconds to translate `sources` per glossary, interleaved repeats, median and range."""
     translator.search_cfg = SearchConfig(beam_size=beam)
-    glossaries = {"none": None, "usual": Glossary.from_mapping(USUAL)}
-    glossaries["unusual"] = Glossary.from_mapping(UNUSUAL)
-    translator.translate(sources[:16], glossary=glossaries["usual"])  # warm-up
-    runs = {name: lambda g=g: translator.translate(sources, glossary=g) for name, g in glossaries.items()}  # fmt: skip
+    named = glossaries()
+    translator.translate(sources[:16], glossary=named["usual"])  # warm-up
+    runs = {name: lambda g=g: translator.translate(sources, glossary=g) for name, g in named.items()}  # fmt: skip
     seconds = harness.interleaved(runs, repeats)
     base = statistics.median(seconds["none"])
     return [
@@ -116,9 +115,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.main(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

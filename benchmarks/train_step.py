@@ -6,8 +6,6 @@ sentence rotates over `--max-lens` (docs/benchmarks.md, "On a GPU").
         --variants bf16,bf16+compile --json step.json
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 import warnings
@@ -169,9 +167,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"device": name, "torch": torch.__version__, "peak": peak, "args": vars(args), "entries": entries}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    return harness.main(sys.modules[__name__], argv)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

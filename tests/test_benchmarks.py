@@ -52,7 +52,7 @@ def run(plugin: ModuleType, flags: list[str]) -> dict:
 def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     path = tmp_path / "bench.json"
-    assert benchmark.main([*TINY_FLAGS, "--json", str(path)]) == 0
+    assert harness.main(benchmark, [*TINY_FLAGS, "--json", str(path)]) == 0
     report = json.loads(path.read_text())
     assert {"meta", "peak_bf16_flops", "train"} <= report.keys()
     (train,) = report["train"]
@@ -132,7 +132,7 @@ def test_real_mode_table_with_peers_and_ratios(
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     path = tmp_path / "real.json"
     with single_thread():
-        status = benchmark.main(real_flags(trained_run, "--json", str(path)))
+        status = harness.main(benchmark, real_flags(trained_run, "--json", str(path)))
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -199,7 +199,7 @@ def test_real_mode_bf16_and_the_unpacked_engine(
     path = tmp_path / "bf16.json"
     flags = ["--peers", "", "--beams", "1", "--precision", "bf16", "--unpacked"]
     with single_thread():
-        status = benchmark.main(real_flags(trained_run, *flags, "--json", str(path)))
+        status = harness.main(benchmark, real_flags(trained_run, *flags, "--json", str(path)))
     assert status == 0, capsys.readouterr().out
     report = json.loads(path.read_text())
     assert list(report["systems"]) == ["attnmt", "attnmt int8", "attnmt unpacked"]
@@ -286,7 +286,7 @@ def test_real_mode_without_ctranslate2_says_why(
 def test_bad_input_is_one_line(
     flags: list[str], message: str, capsys: pytest.CaptureFixture
 ) -> None:
-    assert benchmark.main(flags) == 1
+    assert harness.main(benchmark, flags) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("benchmark.py: error: ") and message in err and "\n" not in err
 
@@ -349,7 +349,7 @@ def test_real_mode_runs_every_system_on_every_cpu_kind(
     path = tmp_path / "kinds.json"
     flags = ["--peers", "ctranslate2", "--cpu-kinds", "native,avx2", "--json", str(path)]
     with single_thread():
-        status = benchmark.main(real_flags(trained_run, *flags))
+        status = harness.main(benchmark, real_flags(trained_run, *flags))
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -386,7 +386,7 @@ def test_several_runs_with_their_own_tokenizers_in_one_table(
     path = tmp_path / "two.json"
     flags = real_flags(trained_run, "--peers", "ctranslate2", "--json", str(path))
     with single_thread():
-        status = benchmark.main(["--run", str(tmp_path / "student"), *flags])
+        status = harness.main(benchmark, ["--run", str(tmp_path / "student"), *flags])
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -427,7 +427,7 @@ def test_finetune_benchmark_trains_both_on_the_same_batches(
     flags = ["--tiny", "--layers", "1", "--vocab", "200", "--device", "cpu", "--batch-tokens",
              "128", "--updates", "4", "--warmup", "1", "--src", str(toy / "train.en"),
              "--tgt", str(toy / "train.de"), "--json", str(path)]  # fmt: skip
-    assert finetune.main(flags) == 0
+    assert harness.main(finetune, flags) == 0
     assert "ratio ours/transformers (tokens/s)" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert set(report["check"]) == {"fp32", "bf16"}
@@ -457,7 +457,7 @@ def test_train_step_report_times_train_pys_update_without_host_reads(tmp_path: P
     flags = ["--device", "cpu", "--presets", "tiny", "--variants", "bf16", "--vocab", "300",
              "--batch-tokens", "256", "--max-lens", "6,9", "--cycles", "2",
              "--profile-updates", "2", "--json", str(path)]  # fmt: skip
-    assert train_step.main(flags) == 0
+    assert harness.main(train_step, flags) == 0
     report = json.loads(path.read_text())
     (entry,) = report["entries"]
     assert (entry["preset"], entry["variant"]) == ("tiny", "bf16")
@@ -488,7 +488,9 @@ def test_terminology_reports_term_usage_and_timing_per_glossary(
     path = tmp_path / "terms.json"
     flags = ["--run", str(run), "--src", str(toy / "train.en"), "--ref", str(toy / "train.de")]
     with single_thread():
-        status = terminology.main([*flags, "--limit", "4", "--repeats", "2", "--json", str(path)])
+        status = harness.main(
+            terminology, [*flags, "--limit", "4", "--repeats", "2", "--json", str(path)]
+        )
     assert status == 0
     report = json.loads(path.read_text())
     assert [(r["search"], r["glossary"]) for r in report["quality"]] == [
@@ -512,7 +514,7 @@ def test_documents_scores_three_ways_and_counts_splitter_errors(
         (data / f"{split}.de").write_text("".join(f"{s}\n" for s, _ in PAIRS[:16]))
         (data / f"{split}.en").write_text("".join(f"{t}\n" for _, t in PAIRS[:16]))
     flags = ["-c", str(run), "--data-dir", str(data), "--src", "de", "--tgt", "en"]
-    assert documents.main([*flags, "--beam", "1", "--count", "4"]) == 0
+    assert harness.main(documents, [*flags, "--beam", "1", "--count", "4"]) == 0
     out = capsys.readouterr().out
     for row in ("| unsplit |", "| split |", "| one by one |", "| de | 0 |", "| en | 0 |"):
         assert row in out, out
