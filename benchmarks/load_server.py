@@ -187,10 +187,9 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
     for i, ref in enumerate(refs):
         by_text.setdefault(ref, set()).add(i)
     latencies: list[float] = []
-    counts = {"sentences": 0, "mismatched": 0, "swapped": 0, "errors": 0}
+    counts = dict.fromkeys(("sentences", "mismatched", "swapped", "errors"), 0)
     lock = threading.Lock()
-    before = connect(url).get("/health")["batches"]
-    start_time = time.perf_counter()
+    before, start_time = connect(url).get("/health")["batches"], time.perf_counter()
     deadline = start_time + max_seconds
 
     def client_loop() -> None:
@@ -223,14 +222,11 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.perf_counter() - start_time
+    seconds, ms = time.perf_counter() - start_time, [t * 1000 for t in latencies]
     batches = connect(url).get("/health")["batches"] - before
-    ms = [t * 1000 for t in latencies]
-    return Level(
-        options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
-        statistics.median(ms or [0.0]), percentile(ms, 0.99),
-        counts["mismatched"], counts["swapped"], counts["errors"], batches, options["beam_size"],
-    )  # fmt: skip
+    return Level(options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
+                 statistics.median(ms or [0.0]), percentile(ms, 0.99), counts["mismatched"],
+                 counts["swapped"], counts["errors"], batches, options["beam_size"])  # fmt: skip
 
 
 def table(levels: list[Level]) -> str:
