@@ -125,27 +125,20 @@ def code_under_test() -> str:
         return f"{root} (not a git checkout)"
 
 
-def rotated(names: Sequence[Any], r: int) -> list[Any]:
-    """Repeat `r`'s order (A B C, B C A, ...): drifts in machine speed hit every system."""
-    k = r % len(names)
-    return [*names[k:], *names[:k]]
-
-
 def interleaved(
     runs: dict[Any, Callable[[], Any]], repeats: int, sync: Callable[[], Any] | None = None
 ) -> dict[Any, list[float]]:
-    """Seconds per call of each run, repeats in rotating order. `sync` (e.g. a CUDA
-    synchronize) is called before and after each timed call. A run that returns a float
-    reports its own seconds (a system timed in its own process)."""
+    """Seconds per call of each run, repeat r in the order rotated by r (A B C, B C A, ...:
+    drifts in machine speed hit every system). `sync` (e.g. a CUDA synchronize) is called
+    before and after each timed call; a run that returns a float reports its own seconds."""
     times: dict[Any, list[float]] = {name: [] for name in runs}
+    names, sync = list(runs), sync or (lambda: None)
     for r in range(repeats):
-        for name in rotated(list(runs), r):
-            if sync:
-                sync()
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            sync()
             start = time.perf_counter()
             result = runs[name]()
-            if sync:
-                sync()
+            sync()
             own = isinstance(result, float)
             times[name].append(result if own else time.perf_counter() - start)
     return times
