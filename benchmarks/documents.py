@@ -2,27 +2,23 @@
 
     python -m benchmarks.documents -c RUN --data-dir ../shared/data/multi30k
 
-Paragraphs are 4 consecutive sentences of `test2017` joined with a space (the references
-likewise). BLEU (sacreBLEU) of the paragraphs' translations, three ways, by `translate.py`:
-`unsplit` (each paragraph one input line), `split` (`--split-sentences`), `one by one` (each
-sentence its own line, the translations joined 4 by 4). Then the splitter alone on `--count`
-paragraphs per language (half from test2016, half from test2017): a paragraph is an error when
-its sentences are not exactly the 4 it was made of; errors where one of those has no final
-punctuation (so nothing marks its end) are counted apart.
+Paragraphs are 4 consecutive test2017 sentences. BLEU of translate.py three ways: `unsplit`,
+`split` (`--split-sentences`), `one by one`; then the splitter alone on `--count` paragraphs
+per language: an error when it does not find the 4 sentences (unpunctuated ones apart).
 """
-
-from __future__ import annotations
 
 import argparse
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from attnmt.data.sentences import split_line
 from attnmt.evaluation.bleu import corpus_bleu
+from benchmarks import harness
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = harness.ROOT
 GROUP = 4  # sentences per paragraph
 
 
@@ -53,16 +49,14 @@ def bleu_three_ways(args: argparse.Namespace) -> None:
         "one by one": paragraphs(translate(args.checkpoint, src, flags)),
     }
     print(f"\n{len(refs)} paragraphs of {GROUP} test2017 sentences, {args.src}->{args.tgt}, ")
-    print(f"beam {args.beam}\n\n| input | BLEU |\n|---|---|")
-    for name, hyp in hyps.items():
-        print(f"| {name} | {corpus_bleu(hyp, refs).score:.2f} |")
+    rows = [[name, f"{corpus_bleu(hyp, refs).score:.2f}"] for name, hyp in hyps.items()]
+    print(f"beam {args.beam}\n\n" + "\n".join(harness.table(["input", "BLEU"], rows)))
 
 
 def splitter_errors(args: argparse.Namespace) -> None:
     data = Path(args.data_dir)
     print(f"\nsplitter errors on {args.count} paragraphs per language\n")
-    print("| language | errors | of which unpunctuated | other |\n|---|---|---|---|")
-    examples = []
+    examples, rows = [], []
     for lang in (args.src, args.tgt):
         groups = []
         for split in ("test2016", "test2017"):
@@ -71,8 +65,9 @@ def splitter_errors(args: argparse.Namespace) -> None:
         wrong = [g for g in groups if split_line(" ".join(g), lang).sentences != g]
         bare = [g for g in wrong if any(s.rstrip()[-1:] not in ".!?\"')" for s in g)]
         other = [g for g in wrong if g not in bare]
-        print(f"| {lang} | {len(wrong)} | {len(bare)} | {len(other)} |")
+        rows.append([lang, len(wrong), len(bare), len(other)])
         examples += [(lang, g) for g in (other[:2] + bare[:1])]
+    print("\n".join(harness.table(["language", "errors", "of which unpunctuated", "other"], rows)))
     for lang, group in examples:
         got = split_line(" ".join(group), lang).sentences
         print(f"\n{lang}: {len(got)} sentences found for {GROUP}:")
@@ -80,19 +75,21 @@ def splitter_errors(args: argparse.Namespace) -> None:
             print(f"    {sentence}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.documents", description=__doc__)
-    parser.add_argument("-c", "--checkpoint", help="run dir or .pt (without: splitter only)")
-    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/multi30k"))
-    parser.add_argument("--src", default="en")
-    parser.add_argument("--tgt", default="de")
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--count", type=int, default=200, help="paragraphs per language")
-    args = parser.parse_args(argv)
+def add_flags(add: Callable) -> None:
+    add("-c", "--checkpoint", help="run dir or .pt (without: splitter only)")
+    add("--data-dir", default=str(harness.DATA))
+    add("--src", default="en")
+    add("--tgt", default="de")
+    add("--beam", type=int, default=5)
+    add("--count", type=int, default=200, help="paragraphs per language")
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.checkpoint:
         bleu_three_ways(args)
     splitter_errors(args)
+    return {}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -1,30 +1,21 @@
-"""Fine-tuning an imported NLLB-shaped model in bf16: ours against a plain Transformers loop.
-
-The import tests' `nllb_folder` (Transformers' own init; NLLB-600M's widths, `--layers` a side,
-BPE trained on the corpus), imported by `import_hf.py` and loaded as `trainer.init_from` loads
-it. The same batches (our pipeline and `TokenBatchSampler`), on the device, in the same order,
-go to ours (`training.loop.train_step` as train.py runs it, eager) and to a plain Transformers
-loop (fp32 weights, sdpa, autocast, `F.cross_entropy(label_smoothing=)`, ours' clip, fused Adam
-with ours' betas, eps and lr of each update). The first batch's NLL (eval mode) must agree; then
-`--warmup` untimed and `--updates` timed updates each, in `--rounds` rounds, the order rotating.
-Peak memory: weights, buffers, Adam state + the largest allocation above what was allocated when
-its updates began (the other system stays resident).
+"""Fine-tuning an imported NLLB-shaped model (the import tests' `nllb_folder`, imported by
+import_hf.py) in bf16: ours (`training.loop.train_step`) against a plain Transformers loop on
+the same batches in the same order; the first batch's NLL must agree (docs/benchmarks.md, "On a
+GPU").
 
     python -m benchmarks.finetune --json finetune.json  # GPU: 12+12 layers x 1024, 4096 tokens
     python -m benchmarks.finetune --tiny --updates 20 --warmup 2 --batch-tokens 1024   # a CPU
 """
 
-from __future__ import annotations
-
 import argparse
 import itertools
-import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,8 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from attnmt.cli import import_hf
-from attnmt.common.errors import UserError, exit_status
+from attnmt.common.errors import UserError
 from attnmt.data.dataset import _encode_batch
 from attnmt.training import build, distributed
 from attnmt.training.init import initial_checkpoint
@@ -41,8 +31,9 @@ from attnmt.training.kernels import label_smoothed_cross_entropy
 from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
-from benchmarks.benchmark import ROOT, train_configs, version
-from benchmarks.peers import cpu_model
+from benchmarks import harness
+from benchmarks.benchmark import ROOT, train_configs
+from benchmarks.harness import cpu_model, version
 
 LANGS = ("eng_Latn", "deu_Latn")
 OURS, HF = "ours", "transformers"
@@ -63,7 +54,7 @@ def build_and_import(args: argparse.Namespace, tmp: Path, lines: list[str]) -> P
     folder = nllb_folder(tmp / "hf", lines, args.vocab, args.seed, sizes, decodable=False)
     args.seconds["spm + build + save"], started = time.perf_counter() - started, time.perf_counter()
     flags = ["--out", str(tmp / "run"), "--src-lang", LANGS[0], "--tgt-lang", LANGS[1]]
-    if import_hf.main([str(folder), *flags]) != 0:
+    if harness.cli("import_hf").main([str(folder), *flags]) != 0:
         raise UserError("import_hf.py failed (its message is above)")
     args.seconds["import"] = time.perf_counter() - started
     return folder
@@ -168,41 +159,40 @@ def mark(cuda: bool) -> Any:
     """A point in time: a CUDA event on the stream (no host wait), or the host clock."""
     if not cuda:
         return time.perf_counter()
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
+    (event := torch.cuda.Event(enable_timing=True)).record()
     return event
 
 
 def measure(steps: dict, made: list, args: argparse.Namespace, cuda: bool) -> dict:
-    """Warm-up, then `args.rounds` rounds over the timed batches, the order rotating; per
-    system and round: host seconds (synchronized), ms per update (CUDA events: no host waits),
-    losses and the largest allocation above what was allocated when its updates began."""
-    sync = torch.cuda.synchronize if cuda else lambda: None
+    """Warm-up, then `args.rounds` rounds over the timed batches in the harness's rotating
+    order; per system and round: seconds (synchronized), ms per update (CUDA events: no host
+    waits), losses, and the largest allocation above what was allocated when it began."""
     res = {name: {"rounds": [], "ms": [], "losses": [], "transient": 0} for name in steps}
     for step, batch in itertools.product(steps.values(), made[: args.warmup]):
         step(batch)
-    timed, names = made[args.warmup :], list(steps)
+    timed = made[args.warmup :]
     size = -(-len(timed) // args.rounds)
-    for r in range(args.rounds):
-        part = timed[r * size : (r + 1) * size]
-        for name in names[r % 2 :] + names[: r % 2]:
-            sync()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated() if cuda else 0
-            started, marks = time.perf_counter(), [mark(cuda)]
-            for batch in part:
-                res[name]["losses"].append(steps[name](batch))
-                marks.append(mark(cuda))
-            sync()
-            seconds, pairs = time.perf_counter() - started, itertools.pairwise(marks)
-            res[name]["ms"] += [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in pairs]
-            tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in part)
-            res[name]["rounds"].append({"tokens": tokens, "seconds": seconds})
-            peak = torch.cuda.max_memory_allocated() - base if cuda else 0
-            res[name]["transient"] = max(res[name]["transient"], peak)
-    for r in res.values():
+
+    def one_round(r: dict, step: Callable) -> None:
+        part = timed[len(r["rounds"]) * size :][:size]
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        base, marks = torch.cuda.memory_allocated() if cuda else 0, [mark(cuda)]
+        for batch in part:
+            r["losses"].append(step(batch))
+            marks.append(mark(cuda))
+        if cuda:
+            torch.cuda.synchronize()  # the events' times are read below
+        r["ms"] += [a.elapsed_time(b) if cuda else 1e3 * (b - a) for a, b in itertools.pairwise(marks)]  # fmt: skip
+        r["rounds"].append({"tokens": sum(b.n_src_tokens + b.n_tgt_tokens for b in part)})
+        r["transient"] = max(r["transient"], torch.cuda.max_memory_allocated() - base if cuda else 0)  # fmt: skip
+
+    runs = {name: (lambda r=res[name], step=step: one_round(r, step)) for name, step in steps.items()}  # fmt: skip
+    times = harness.interleaved(runs, args.rounds, torch.cuda.synchronize if cuda else None)
+    for name, r in res.items():
         r["losses"] = torch.stack(r["losses"]).tolist()
+        for entry, seconds in zip(r["rounds"], times[name], strict=True):
+            entry["seconds"] = seconds
     return res
 
 
@@ -246,21 +236,20 @@ def print_head(m: dict, timed: list, check: dict) -> None:
 
 
 def print_table(report: dict) -> None:
-    print(f"\n  {'system':<14}{'tokens/s':>11}{'ms/update':>11}{'TFLOP/s':>9}{'peak MiB':>10}"
-          f"{'state MiB':>10}{'loss first10':>14}{'last10':>8}")  # fmt: skip
-    for name, r in report["results"].items():
-        peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.0f}"
-        print(f"  {name:<14}{r['tokens_per_s']:>11,.0f}{r['ms_median']:>11.1f}"
-              f"{r['tflops']:>9.3g}{peak:>10}{r['state_bytes'] / 2**20:>10,.0f}"
-              f"{r['loss_first10']:>14.3f}{r['loss_last10']:>8.3f}")  # fmt: skip
+    head = ["system", "tokens/s", "ms/update", "TFLOP/s", "peak MiB", "state MiB", "loss first10", "last10"]  # fmt: skip
+    rows = [[name, f"{r['tokens_per_s']:,.0f}", f"{r['ms_median']:.1f}", f"{r['tflops']:.3g}",
+             "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:,.0f}",
+             f"{r['state_bytes'] / 2**20:,.0f}", f"{r['loss_first10']:.3f}", f"{r['loss_last10']:.3f}"]
+            for name, r in report["results"].items()]  # fmt: skip
+    print("\n" + "\n".join(harness.table(head, rows)))
     ratio, rounds = report["ratio"], ", ".join(f"{x:.3f}" for x in report["ratio"]["per_round"])
-    print(f"  ratio ours/transformers (tokens/s): {ratio['ours/transformers']:.3f} "
+    print(f"ratio ours/transformers (tokens/s): {ratio['ours/transformers']:.3f} "
           f"(per round: {rounds})")  # fmt: skip
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse flags, build, import, check, measure, print the table; returns the report."""
-    args, started = parser().parse_args(argv), time.perf_counter()
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Build, import, check, measure, print the table; returns the report."""
+    started, args.seed = time.perf_counter(), args.seed or 0
     if version("transformers") is None:
         raise UserError("transformers is not installed (pip install -e '.[export]')")
     if not 1 <= args.rounds <= args.updates or args.warmup < 0:
@@ -270,7 +259,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     cuda, args.seconds = args.device.startswith("cuda"), {}
     args.batch_tokens = args.batch_tokens or (4096 if cuda else 1024)
     args.layers = args.layers or (2 if args.tiny else 12)
-    data = Path(os.environ.get("ATTNMT_DATA_DIR", ROOT.parent / "shared" / "data")) / "multi30k"
+    data = Path(os.environ.get("ATTNMT_DATA_DIR", harness.DATA.parent)) / "multi30k"
     data = data if (data / "train.en").is_file() else ROOT / "tests" / "fixtures" / "toy"
     args.src, args.tgt = args.src or data / "train.en", args.tgt or data / "train.de"
     src, tgt = ([x.strip() for x in p.read_text("utf-8").splitlines()][: args.max_pairs or None]
@@ -310,23 +299,15 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     print_table(report)
     args.seconds["total"] = time.perf_counter() - started
     print(f"total {args.seconds['total']:.1f} s (after the imports)")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=str))
-        print(f"wrote {args.json}")
     return report
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="finetune.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    add = p.add_argument
+def add_flags(add: Callable) -> None:
     # fmt: off
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add("--tiny", action="store_true", help="the import tests' NARROW widths (64, 4 heads, 128)")
     add("--layers", type=int, default=None, help="a side (default: 12; --tiny 2)")
     add("--vocab", type=int, default=8000, help="SentencePiece pieces asked for (default 8000)")
-    add("--src", type=Path, help="default: multi30k/train.en of $ATTNMT_DATA_DIR or "
-        "../shared/data, else the toy fixtures'")
+    add("--src", type=Path, help="default: multi30k/train.en beside the repository, else the toy fixtures'")  # noqa: E501
     add("--tgt", type=Path, help="default: train.de beside it")
     add("--max-pairs", type=int, default=0, help="the first N pairs only (0: all)")
     add("--batch-tokens", type=int, default=None, help="trainer.max_tokens (GPU 4096, CPU 1024)")
@@ -334,19 +315,10 @@ def parser() -> argparse.ArgumentParser:
     add("--warmup", type=int, default=10, help="untimed updates first (default 10)")
     add("--rounds", type=int, default=2, help="rounds of the timed updates (default 2)")
     add("--precision", choices=("bf16", "fp32"), default="bf16")
-    add("--lr-warmup", type=int, default=100,
-        help="optim.warmup_steps (default 100: train.py's 4000 keeps the lr near 0 here)")
-    add("--seed", type=int, default=0, help="the Transformers model's initialisation")
-    add("--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a train.py override for ours (the Transformers loop follows optim)")
-    add("--json", type=Path, help="write the report here")
+    add("--lr-warmup", type=int, default=100, help="optim.warmup_steps (train.py's 4000 keeps the lr near 0 here)")  # noqa: E501
+    add("--set", action="append", default=[], metavar="KEY=VALUE", help="a train.py override for ours (the Transformers loop follows optim)")  # noqa: E501
     # fmt: on
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    return exit_status("finetune.py", lambda: run(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

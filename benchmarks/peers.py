@@ -1,21 +1,10 @@
-"""Ours and its peers decoding the same real sentences, timed (`benchmarks/benchmark.py --run`).
-
-A system is a function (source ids without specials, `SearchConfig`) -> the best target ids of
-each sentence, without BOS/EOS, in input order: ours as `translate.py` searches
-(`ours_system`), `MarianMTModel.generate` on our weights (`transformers_system`), CTranslate2
-on an `export_ct2` folder (`ct2_system`). The peers get ours' batches (length-sorted), one call
-per batch with the largest length budget of its sentences (both take one limit per call).
-SentencePiece is outside the timings. `compare` times every (system, search) on all sentences,
-`repeats` times, interleaved with a rotating order so that machine noise hits every cell
-alike, each system in a process of its own (`Isolated`), as users run them.
-"""
-
-from __future__ import annotations
+"""Ours and its peers decoding the same real sentences, each system in a process of its own
+(`benchmark.py --run`; docs/benchmarks.md, "Decoding speed, per CPU kind").
+A system maps (source ids, `SearchConfig`) to the best target ids per sentence, in input order;
+the peers get ours' length-sorted batches, each with its largest length budget."""
 
 import multiprocessing
 import os
-import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -34,63 +23,29 @@ from attnmt.decoding.translator import Translator, length_sorted_batches
 from attnmt.exporting.ct2 import ct2_batch_options, ct2_target_ids
 from attnmt.exporting.hf import hf_generate, to_marian
 from attnmt.exporting.shared import budgets, require
+from benchmarks import harness
+from benchmarks.harness import Spread, interleaved, ratio_spread
 
 Search = Callable[[list[list[int]], SearchConfig], list[list[int]]]
 BatchSearch = Callable[[list[list[int]], SearchConfig, int], Any]  # ids, or a wait for them
 
-# CPU kinds a benchmark can run on one machine: the environment that caps a process to a
-# kind's instruction sets (read when torch, oneDNN, MKL and CTranslate2 start, so a worker
-# process gets them before it imports anything). "native" runs what the CPU has.
+# The environment that caps a process to a CPU kind's instruction sets (read when torch, oneDNN,
+# MKL and CTranslate2 start: a worker gets it before its imports). avx2: a Zen 3-class CPU.
+AVX2 = (("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2"))  # fmt: skip
 CPU_KINDS: dict[str, dict[str, tuple[tuple[str, str], ...]]] = {
     "native": {"ours": (), "ctranslate2": ()},
-    "avx2": {  # an AVX2-only (Zen 3-class) CPU: no AVX-512, VNNI, BF16 or AMX
-        "ours": (
-            ("ATEN_CPU_CAPABILITY", "avx2"),
-            ("ONEDNN_MAX_CPU_ISA", "AVX2"),
-            ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
-        ),
-        "ctranslate2": (("CT2_FORCE_CPU_ISA", "AVX2"),),
-    },
+    "avx2": {"ours": AVX2, "ctranslate2": (("CT2_FORCE_CPU_ISA", "AVX2"),)},
 }
-
-
-def cpu_model() -> str:
-    """The CPU as `lscpu` names it: model name, family and model number (/proc/cpuinfo on
-    Linux), else what `platform` knows."""
-    try:
-        block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]  # the first processor
-        fields = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in block.split("\n"))}
-        return f"{fields['model name']} (family {fields['cpu family']}, model {fields['model']})"
-    except (OSError, KeyError):
-        import platform
-
-        return platform.processor() or platform.machine()
-
-
-def code_under_test() -> str:
-    """The tree `attnmt` is imported from here, at its commit (`git describe --dirty`): an A/B of
-    two checkouts must print two trees (the editable install, PYTHONPATH and the working
-    directory decide which)."""
-    import attnmt.engine
-
-    root = Path(attnmt.engine.__file__).resolve().parent.parent
-    git = ["git", "-C", str(root), "describe", "--always", "--dirty"]
-    try:
-        return f"{root} at {subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()}"  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return f"{root} (not a git checkout)"
 
 
 def ours_system(
     model: Any, tokenizer: Tokenizer, inter_threads: int = 1, precision: str = "fp32"
 ) -> Search:
-    """Our search as `translate.py` runs it (`--inter-threads inter_threads --precision
-    precision`)."""
+    """Our search as `translate.py --inter-threads N --precision P` runs it."""
     translators: dict[str, Translator] = {}  # one per SearchConfig (each keeps its threads)
 
     def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
-        key = repr(cfg)
-        if key not in translators:
+        if (key := repr(cfg)) not in translators:
             translators[key] = Translator(model, tokenizer, cfg, inter_threads=inter_threads)
         with autocast("cpu", precision):
             return [nbest[0].tokens for nbest in translators[key].search_ids(src_ids)]
@@ -99,19 +54,13 @@ def ours_system(
 
 
 def batched(tokenizer: Tokenizer, search_batch: BatchSearch, pipelined: bool = False) -> Search:
-    """A peer's search over ours' batches: `search_batch(batch, cfg, budget)` per batch, with
-    the batch's largest budget; [] for an empty source (ours never decodes one). `pipelined`:
-    `search_batch` only submits its batch and returns a function that waits for the ids; every
-    batch is submitted before the first wait."""
+    """A peer's search over ours' batches, each with its largest budget; `pipelined`: every
+    batch is submitted (`search_batch` returns a wait for its ids) before the first wait."""
 
     def search(src_ids: list[list[int]], cfg: SearchConfig) -> list[list[int]]:
-        limits = budgets(src_ids, tokenizer.special, cfg)
-        results: list[list[int]] = [[] for _ in src_ids]
+        limits, results = budgets(src_ids, tokenizer.special, cfg), [[] for _ in src_ids]
         chunks = length_sorted_batches(src_ids, cfg.batch_size)
-        outs = [
-            search_batch([src_ids[i] for i in chunk], cfg, max(limits[i] for i in chunk))
-            for chunk in chunks
-        ]
+        outs = [search_batch([src_ids[i] for i in c], cfg, max(limits[i] for i in c)) for c in chunks]  # fmt: skip
         for chunk, out in zip(chunks, outs, strict=True):
             for i, ids in zip(chunk, out() if pipelined else out, strict=True):
                 results[i] = ids
@@ -121,27 +70,20 @@ def batched(tokenizer: Tokenizer, search_batch: BatchSearch, pipelined: bool = F
 
 
 def transformers_system(model: Any, tokenizer: Tokenizer) -> Search:
-    """`MarianMTModel.generate` on our weights (`exporting.hf.to_marian`). Raises `ExportError`
-    (a `UserError`) when transformers is missing or the model is pre-norm."""
+    """`MarianMTModel.generate` on our weights; `ExportError` without transformers or pre-norm."""
     marian = to_marian(model, tokenizer.special, attn_implementation="sdpa")
-    return batched(
-        tokenizer,
-        lambda batch, cfg, budget: hf_generate(marian, tokenizer.special, batch, cfg, budget),
-    )
+    generate = lambda batch, cfg, n: hf_generate(marian, tokenizer.special, batch, cfg, n)  # noqa: E731
+    return batched(tokenizer, generate)
 
 
 def ct2_system(
     folder: Path, tokenizer: Tokenizer, threads: int = 0, inter_threads: int = 1
 ) -> Search:
-    """A `ctranslate2.Translator` on an `export_ct2` folder searching `inter_threads` batches
-    at once on `threads // inter_threads` intra-op threads each (`threads` 0: its default).
-    Every batch is submitted asynchronously, then the results are collected in order."""
+    """CTranslate2 on an `export_ct2` folder, `inter_threads` batches at once on
+    `threads // inter_threads` threads each (`threads` 0: its default), submitted asynchronously."""
     ctranslate2 = require("ctranslate2")
-    intra = max(1, threads // inter_threads) if threads else 0
-    translator = ctranslate2.Translator(
-        str(folder), device="cpu", inter_threads=inter_threads,
-        **({"intra_threads": intra} if intra else {}),
-    )  # fmt: skip
+    intra = {"intra_threads": max(1, threads // inter_threads)} if threads else {}
+    translator = ctranslate2.Translator(str(folder), device="cpu", inter_threads=inter_threads, **intra)  # fmt: skip
     target_ids = ct2_target_ids(tokenizer)
 
     def submit(batch: list[list[int]], cfg: SearchConfig, budget: int) -> Callable:
@@ -152,17 +94,10 @@ def ct2_system(
     return batched(tokenizer, submit, pipelined=True)
 
 
-def ours_from_checkpoint(
-    path: str,
-    quantize: str = "none",
-    inter_threads: int = 1,
-    precision: str = "fp32",
-    pack: bool | None = None,
-) -> Search:
-    """`ours_system` on a checkpoint loaded as `translate.py` loads it (`pack`: the engine's
-    packed paths, None as translate.py), in a process set up as `translate.py` sets up its own
-    on the CPU (`common.memory.keep_freed_memory`): for a worker (`Isolated`), since that
-    setting is process-wide."""
+def ours_from_checkpoint(path: str, quantize: str = "none", inter_threads: int = 1,
+                         precision: str = "fp32", pack: bool | None = None) -> Search:  # fmt: skip
+    """`ours_system` on a checkpoint loaded as translate.py loads it (`pack` None: its packed
+    paths), in a worker set up as translate.py sets up its process (`keep_freed_memory`)."""
     from attnmt.common.memory import keep_freed_memory
     from attnmt.engine import load_engine
 
@@ -172,7 +107,6 @@ def ours_from_checkpoint(
 
 
 def transformers_from_checkpoint(path: str) -> Search:
-    """`transformers_system` on a checkpoint's weights."""
     from attnmt.checkpoint import load_for_inference
 
     model, tokenizer, _ = load_for_inference(path, "cpu")
@@ -182,9 +116,8 @@ def transformers_from_checkpoint(path: str) -> Search:
 def ct2_from_folder(
     folder: str, checkpoint: str, threads: int = 0, inter_threads: int = 1
 ) -> Search:
-    """`ct2_system` on an `export_ct2` folder, with the tokenizer stored in `checkpoint`. Runs
-    no torch op (no model is built): a parallel torch op in its process would slow CTranslate2
-    down (the shared OpenMP runtime of `Isolated`)."""
+    """`ct2_system` with `checkpoint`'s tokenizer; no torch op runs in its process (one would
+    slow CTranslate2 down through the shared OpenMP runtime: see `Isolated`)."""
     from attnmt.checkpoint import load_checkpoint, stored_tokenizer
 
     tokenizer = stored_tokenizer(load_checkpoint(checkpoint), checkpoint)
@@ -193,15 +126,9 @@ def ct2_from_folder(
 
 @dataclass(frozen=True)
 class Isolated:
-    """A system built and run in a process of its own: `build(*args)` -> `Search`, called in
-    that process (`build` a module-level function, `args` picklable), with `threads` torch
-    threads (0: torch's default) and `env` set in that process only.
-
-    Why: CTranslate2's wheel resolves its OpenMP calls to the libgomp that torch has loaded,
-    so in one process both share one OpenMP runtime. Once CTranslate2 has made its own thread
-    team, that runtime manages more threads than there are CPUs and throttles spin-waiting, so
-    torch's worker threads sleep between parallel regions for as long as the process lives.
-    """
+    """A system built (`build(*args)`, module-level and picklable) and run in a spawned process
+    with `threads` torch threads (0: torch's) and `env`. Why: CTranslate2 shares torch's libgomp
+    in one process and, once it has its own thread team, torch's threads sleep between regions."""
 
     build: Callable[..., Search]
     args: tuple = ()
@@ -235,76 +162,21 @@ class _Worker:
         saved = {name: os.environ.get(name) for name, _ in spec.env}
         os.environ.update(spec.env)  # the process starts with the first call and copies it
         try:
-            self._call(_build, spec, src_ids)
+            self.call(_build, spec, src_ids)
         except UserError:
-            self.close()
+            self.pool.shutdown(wait=True, cancel_futures=True)
             raise
         finally:
             for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+                os.environ.pop(name, None) if value is None else os.environ.update({name: value})
 
-    def _call(self, fn: Callable, *args: Any) -> Any:
+    def call(self, fn: Callable, *args: Any) -> Any:
         try:
             return self.pool.submit(fn, *args).result()
         except BrokenProcessPool:
             raise UserError("a benchmark worker process died") from None
         except Exception as e:  # the system's own error, e.g. a missing checkpoint
             raise UserError(str(e) or type(e).__name__) from None
-
-    def search(self, cfg: SearchConfig, n: int) -> tuple[float, list[list[int]]]:
-        return self._call(_search, cfg, n)
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
-
-
-def interleaved(
-    runs: dict[Any, Callable[[], Any]], repeats: int, sync: Callable[[], Any] | None = None
-) -> dict[Any, list[float]]:
-    """Seconds per call of each run, repeats interleaved (ABC BCA CAB ...) so that drifts in
-    machine speed hit every run. `sync` (e.g. a CUDA synchronize) is called before and after
-    each timed call. A run that returns a float reports its own seconds (an `Isolated` system,
-    timed in its process)."""
-    times: dict[Any, list[float]] = {name: [] for name in runs}
-    names = list(runs)
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            if sync:
-                sync()
-            start = time.perf_counter()
-            result = runs[name]()
-            if sync:
-                sync()
-            own = isinstance(result, float)
-            times[name].append(result if own else time.perf_counter() - start)
-    return times
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A median and the min-max range of repeated figures."""
-
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
-
-    def format(self, spec: str = ",.1f", suffix: str = "") -> str:
-        return f"{self.median:{spec}}{suffix} ({self.low:{spec}}-{self.high:{spec}}{suffix})"
-
-    def as_dict(self) -> dict[str, float]:
-        return {"median": self.median, "min": self.low, "max": self.high}
-
-
-def ratio_spread(ours_s: Sequence[float], peer_s: Sequence[float]) -> Spread:
-    """ours' speed / the peer's, per repeat (the same work: peer seconds / ours seconds)."""
-    return Spread.of([p / o for o, p in zip(ours_s, peer_s, strict=True)])
 
 
 @dataclass
@@ -314,12 +186,8 @@ class Cell:
     times_s: list[float]
     ids: list[list[int]]
 
-    def rate(self) -> Spread:
-        """Sentences per second."""
+    def rate(self) -> Spread:  # sentences per second
         return Spread.of([len(self.ids) / t for t in self.times_s])
-
-    def tokens_per_sentence(self) -> float:
-        return sum(len(ids) for ids in self.ids) / max(len(self.ids), 1)
 
 
 def compare(
@@ -328,13 +196,9 @@ def compare(
     cfgs: Sequence[SearchConfig],
     repeats: int,
 ) -> dict[tuple[str, int], Cell]:
-    """Time every system with every search config on all `src_ids` (or, by system name, its
-    own: runs with different tokenizers); keys (system name, beam size). `Isolated` systems
-    run in their own processes, started here and stopped on return.
-
-    Raises:
-        UserError: an `Isolated` system failed to build (its message) or its process died.
-    """
+    """Time every system with every search on all `src_ids` (or, by system name, its own);
+    keys (system, beam). `Isolated` systems run in processes started here, stopped on return;
+    one that fails to build or dies raises `UserError`."""
     outputs: dict[tuple[str, int], list[list[int]]] = {}
     runs: dict[tuple[str, int], Callable[[], Any]] = {}
     workers: list[_Worker] = []
@@ -343,16 +207,14 @@ def compare(
             ids = src_ids[name] if isinstance(src_ids, dict) else src_ids
             if isinstance(system, Isolated):
                 workers.append(_Worker(system, ids))
-                search = lambda cfg, n, w=workers[-1]: w.search(cfg, n)  # noqa: E731
+                search = lambda cfg, n, w=workers[-1]: w.call(_search, cfg, n)  # noqa: E731
             else:
                 search = lambda cfg, n, s=system, ids=ids: (None, s(ids[:n], cfg))  # noqa: E731
             for cfg in cfgs:
                 key = (name, cfg.beam_size)
                 search(cfg, min(cfg.batch_size, len(ids)))  # warm-up: one batch, untimed
 
-                def run(
-                    search: Any = search, cfg: SearchConfig = cfg, key: Any = key, n: int = len(ids)
-                ) -> Any:
+                def run(search: Any = search, cfg: Any = cfg, key: Any = key, n: int = len(ids)) -> Any:  # fmt: skip
                     seconds, outputs[key] = search(cfg, n)
                     return seconds  # None: timed by `interleaved`
 
@@ -360,7 +222,7 @@ def compare(
         times = interleaved(runs, repeats)
     finally:
         for worker in workers:
-            worker.close()
+            worker.pool.shutdown(wait=True, cancel_futures=True)
     return {key: Cell(times[key], outputs[key]) for key in runs}
 
 
@@ -374,45 +236,33 @@ def table(
     bleu: Callable[[str, list[list[int]]], float] | None = None,
     same_vocab: Callable[[str], bool] = lambda name: True,
 ) -> tuple[list[str], dict[str, Any]]:
-    """A Markdown table (rows: systems; per search: sentences/s, BLEU when `bleu` is given,
-    ours / system), the output checks (ids against ours' where `same_vocab(system)`), and the
-    same figures as a JSON-able dict. Figures: median (min-max) over the repeats."""
-    systems = list(dict.fromkeys(name for name, _ in cells))
-    beams = list(dict.fromkeys(beam for _, beam in cells))
-    head = ["system"] + [f"{search_name(b)} sent/s" for b in beams]
-    head += [f"{search_name(b)} BLEU" for b in beams] if bleu else []
-    head += [f"{ours} / system, {search_name(b)}" for b in beams]
-    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
-    report: dict[str, Any] = {}
-    checks = []
+    """The Markdown table (per search: sentences/s, BLEU when `bleu` is given, ours / system;
+    median (min-max) over the repeats), the output checks (ids against ours' where
+    `same_vocab(system)`), and the same figures as a JSON-able dict."""
+    searches = {beam: search_name(beam) for _, beam in cells}
+    head = [f"{s} sent/s" for s in searches.values()]
+    head += [f"{s} BLEU" for s in searches.values()] if bleu else []
+    head += [f"{ours} / system, {s}" for s in searches.values()]
+    rows, checks, report = [], [], {}
     n = len(next(iter(cells.values())).ids)
-    for name in systems:
-        row, entry, ratios, bleus = [name], report.setdefault(name, {}), [], []
-        for beam in beams:
+    for name in dict.fromkeys(name for name, _ in cells):
+        entry, row, tail, check = {}, [name], [], []
+        report[name] = entry
+        for beam, search in searches.items():
             cell, mine = cells[(name, beam)], cells[(ours, beam)]
             ratio = ratio_spread(mine.times_s, cell.times_s)
-            bleus.append(bleu(name, cell.ids) if bleu else None)
-            entry[search_name(beam)] = {
-                "sentences_per_s": cell.rate().as_dict(),
-                "times_s": cell.times_s,
-                f"ratio_{ours}_over_system": ratio.as_dict(),
-                "tokens_per_sentence": cell.tokens_per_sentence(),
-                "same_ids_as_ours": sum(a == b for a, b in zip(cell.ids, mine.ids, strict=True))
-                if same_vocab(name)
-                else None,  # ids of another tokenizer: nothing to compare
-                "bleu": bleus[-1],
-            }
+            same = sum(a == b for a, b in zip(cell.ids, mine.ids, strict=True))
+            tokens = sum(len(ids) for ids in cell.ids) / max(n, 1)
+            entry[search] = {"sentences_per_s": cell.rate().as_dict(), "times_s": cell.times_s,
+                             f"ratio_{ours}_over_system": ratio.as_dict(), "tokens_per_sentence": tokens,
+                             "same_ids_as_ours": same if same_vocab(name) else None,  # else another vocabulary
+                             "bleu": bleu(name, cell.ids) if bleu else None}  # fmt: skip
             row.append(cell.rate().format())
-            ratios.append("1" if name == ours else ratio.format(".2f", "x"))
-        row += [f"{b:.2f}" for b in bleus] if bleu else []
-        lines.append("| " + " | ".join(row + ratios) + " |")
-        checks.append(f"  {name:<20} " + "; ".join(
-            f"{search_name(b)}: {_count(entry[search_name(b)]['same_ids_as_ours'])}/{n}, "
-            f"{entry[search_name(b)]['tokens_per_sentence']:.1f}" for b in beams
-        ))  # fmt: skip
+            tail.append("1" if name == ours else ratio.format(".2f", "x"))
+            check.append(f"{search}: {same if same_vocab(name) else '-'}/{n}, {tokens:.1f}")
+        row += [f"{entry[s]['bleu']:.2f}" for s in searches.values()] if bleu else []
+        rows.append(row + tail)
+        checks.append(f"  {name:<20} " + "; ".join(check))
+    lines = harness.table(["system", *head], rows)
     lines += ["", f"outputs (of {n} sentences): same ids as {ours}; tokens per sentence"]
     return lines + checks, report
-
-
-def _count(same: int | None) -> str:
-    return "-" if same is None else str(same)

@@ -1,24 +1,17 @@
-#!/usr/bin/env python
-"""Terminology: how often translations use a glossary's terms, with and without the glossary
-(`translate.py --glossary`), BLEU, output length, and what the constraints cost in time.
+"""Terminology: how often translations use a glossary's terms (`translate.py --glossary`),
+with no glossary, the usual translations and unusual ones, greedy and beam (WMT 2021's
+measure: the target term as written, whole words), BLEU, output length; then the decoding
+time of `--limit` sentences at `--beam` with each glossary against none.
 
-On the test sentences that hold a source term of the glossaries (both name the same source
-terms): the term-usage rate (per (sentence, term) pair found, whether the output holds the
-target term as written, whole words: WMT 2021's terminology measure) with no glossary, the
-usual translations and unusual ones, greedy and beam; sacreBLEU and the mean output length
-in words. Then the decoding time of `--limit` of those sentences at `--beam` with each glossary
-against none, repeats interleaved, medians, on `--threads` threads.
-
-Usage:
     python -m benchmarks.terminology --run RUN_DIR --src test2017.en --ref test2017.de \\
         --limit 512 --threads 2 --repeats 3
 """
 
-from __future__ import annotations
-
 import argparse
 import statistics
-import time
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,6 +23,7 @@ from attnmt.decoding.glossary import uses_term as used
 from attnmt.decoding.translator import Translator
 from attnmt.engine import load_engine
 from attnmt.evaluation.bleu import corpus_bleu
+from benchmarks import harness
 
 # English -> German: the translations a Multi30k model gives anyway, and unusual ones.
 USUAL = {
@@ -47,6 +41,10 @@ UNUSUAL = {
 }  # fmt: skip
 
 
+def glossaries() -> dict[str, Glossary | None]:
+    return {"none": None, "usual": Glossary.from_mapping(USUAL), "unusual": Glossary.from_mapping(UNUSUAL)}  # fmt: skip
+
+
 def usage(glossary: Glossary, sources: list[str], outputs: list[str]) -> tuple[int, int]:
     """(pairs whose target term the output uses, (sentence, term) pairs found)."""
     found = zip(sources, outputs, strict=True)
@@ -56,16 +54,14 @@ def usage(glossary: Glossary, sources: list[str], outputs: list[str]) -> tuple[i
 
 def quality(translator: Translator, sources: list[str], refs: list[str]) -> list[dict]:
     """One row per (search, glossary): term-usage rate of each glossary, BLEU, length."""
-    glossaries = {"none": None, "usual": Glossary.from_mapping(USUAL)}
-    glossaries["unusual"] = Glossary.from_mapping(UNUSUAL)
-    rows = []
+    named, rows = glossaries(), []
     for beam in (1, 5):
         translator.search_cfg = SearchConfig(beam_size=beam)
-        for name, glossary in glossaries.items():
+        for name, glossary in named.items():
             outputs = translator.translate(sources, glossary=glossary)
             row = {"search": "greedy" if beam == 1 else f"beam {beam}", "glossary": name}
             for other in ("usual", "unusual"):
-                hits, pairs = usage(glossaries[other], sources, outputs)
+                hits, pairs = usage(named[other], sources, outputs)
                 row[f"{other} terms used"] = f"{100 * hits / pairs:.1f}% ({hits}/{pairs})"
             row["BLEU"] = f"{corpus_bleu(outputs, refs).score:.2f}"
             row["words/sentence"] = f"{statistics.mean(len(o.split()) for o in outputs):.2f}"
@@ -76,45 +72,33 @@ def quality(translator: Translator, sources: list[str], refs: list[str]) -> list
 def timing(translator: Translator, sources: list[str], beam: int, repeats: int) -> list[dict]:
     """Seconds to translate `sources` per glossary, interleaved repeats, median and range."""
     translator.search_cfg = SearchConfig(beam_size=beam)
-    glossaries = {"none": None, "usual": Glossary.from_mapping(USUAL)}
-    glossaries["unusual"] = Glossary.from_mapping(UNUSUAL)
-    names = list(glossaries)
-    seconds: dict[str, list[float]] = {name: [] for name in names}
-    translator.translate(sources[:16], glossary=glossaries["usual"])  # warm-up
-    for r in range(repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotating order
-            start = time.perf_counter()
-            translator.translate(sources, glossary=glossaries[name])
-            seconds[name].append(time.perf_counter() - start)
+    named = glossaries()
+    translator.translate(sources[:16], glossary=named["usual"])  # warm-up
+    runs = {name: lambda g=g: translator.translate(sources, glossary=g) for name, g in named.items()}  # fmt: skip
+    seconds = harness.interleaved(runs, repeats)
     base = statistics.median(seconds["none"])
     return [
-        {
-            "glossary": name,
-            "seconds (median)": f"{statistics.median(times):.2f}",
-            "range": f"{min(times):.2f}-{max(times):.2f}",
-            "x none": f"{statistics.median(times) / base:.2f}",
-        }
+        {"glossary": name, "seconds (median)": f"{statistics.median(times):.2f}",
+         "range": f"{min(times):.2f}-{max(times):.2f}",
+         "x none": f"{statistics.median(times) / base:.2f}"}
         for name, times in seconds.items()
-    ]
+    ]  # fmt: skip
 
 
 def table(rows: list[dict]) -> str:
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows])
+    return "\n".join(harness.table(list(rows[0]), [list(r.values()) for r in rows]))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="run dir or checkpoint")
-    parser.add_argument("--src", required=True)
-    parser.add_argument("--ref", required=True)
-    parser.add_argument("--limit", type=int, default=512, help="sentences timed")
-    parser.add_argument("--beam", type=int, default=5, help="beam of the timing")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+def add_flags(add: Callable) -> None:
+    add("--run", required=True, help="run dir or checkpoint")
+    add("--src", required=True)
+    add("--ref", required=True)
+    add("--limit", type=int, default=512, help="sentences timed")
+    add("--beam", type=int, default=5, help="beam of the timing")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads or 2)
     keep_freed_memory()
     model, tokenizer = load_engine([args.run])
     translator = Translator(model, tokenizer)
@@ -123,10 +107,13 @@ def main(argv: list[str] | None = None) -> None:
     held = [(src, ref) for src, ref in pairs if usual.find(src)]
     sources, refs = [src for src, _ in held], [ref for _, ref in held]
     print(f"{len(sources)} sentences hold a term; {torch.get_num_threads()} threads")
-    print(table(quality(translator, sources, refs)))
+    report = {"quality": quality(translator, sources, refs)}
+    print(table(report["quality"]))
     print(f"\ndecoding {min(args.limit, len(sources))} of them, beam {args.beam}:")
-    print(table(timing(translator, sources[: args.limit], args.beam, args.repeats)))
+    report["timing"] = timing(translator, sources[: args.limit], args.beam, args.repeats or 3)
+    print(table(report["timing"]))
+    return report
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.main(sys.modules[__name__]))

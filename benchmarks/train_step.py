@@ -1,32 +1,16 @@
-"""The training step as train.py runs it (`training.loop.train_step`: fused Adam, the trainer's
-label-smoothed loss, gradient clipping, the default config's weight average (EMA), no host
-reads), timed per model preset and variant, with what keeps the device from being busy:
+"""The training step as train.py runs it (`training.loop.train_step`), per preset and variant:
+tokens/s, MFU, host syncs, kernel time and busy, peak memory, on random batches whose longest
+sentence rotates over `--max-lens` (docs/benchmarks.md, "On a GPU").
 
     python -m benchmarks.train_step --device cuda --presets base,big --batch-tokens 16384 \\
         --variants bf16,bf16+compile --json step.json
-
-Per preset x variant (eager, or `trainer.compile=true`: each layer compiled):
-- tokens/s: the non-pad source + target tokens of the timed updates over their time;
-- MFU: model FLOPs per update (`benchmark.train_flops`: 6 x (weight MACs + attention MACs) of
-  the non-pad tokens) / step time / the bf16 peak of an 8192^3 `torch.mm` measured here, and
-  over the datasheet's dense bf16 peak;
-- syncs/update: host waits for the device in one update (CUDA's sync debug mode; on a CPU the
-  host reads of `tests.host_reads` in an eager update);
-- kernel ms/update: the union of the device's kernel intervals (`torch.profiler`) per update,
-  and busy: that over the (unprofiled) step time; kernels per update; the top kernels go to the
-  JSON;
-- peak memory (`torch.cuda.max_memory_allocated`; a CPU has none to report).
-Batches are random ids (lengths uniform in [max_len/2, max_len], max_len rotating over
-`--max-lens`, a new shape each update), pinned on the host and copied as training copies them.
 """
 
-from __future__ import annotations
-
 import argparse
-import json
-import statistics
+import sys
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -37,17 +21,25 @@ from attnmt.training import build, distributed
 from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
-from benchmarks.benchmark import SPECIAL, bf16_peaks, now, train_batch, train_configs, train_flops
+from benchmarks import harness
+from benchmarks.benchmark import (
+    SPECIAL,
+    bf16_peaks,
+    mfu,
+    now,
+    train_batch,
+    train_configs,
+    train_flops,
+)
 
 
 def learner(preset: str, variant: str, args: argparse.Namespace) -> Learner:
     """What train.py builds for `model=<preset>` on `args.device`, without data."""
-    precision, compiled = variant.split("+")[0], variant.endswith("+compile")
+    precision, compiled = harness.variant(variant)
     overrides = [f"model={preset}", f"trainer.precision={precision}",
                  f"trainer.max_tokens={args.batch_tokens}", f"trainer.compile={compiled}",
                  f"trainer.device={args.device}", "logger=none"]  # fmt: skip
-    cfg = train_configs(overrides)
-    device = torch.device(args.device)
+    cfg, device = train_configs(overrides), torch.device(args.device)
     vocab = SimpleNamespace(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, special=SPECIAL)
     seed_everything(args.seed)
     trainee = build.build_trainee(cfg, vocab, device)  # type: ignore[arg-type]
@@ -78,115 +70,78 @@ def syncs_per_update(run: Learner, batch: Any, window: _Window) -> int | None:
 
 
 def kernel_time(run: Learner, batches: list, window: _Window, updates: int) -> dict[str, Any]:
-    """The device's kernel time per update (the union of its kernel intervals over `updates`
-    profiled updates), kernels per update, the five costliest kernels, and the profiled updates'
-    own time (the profiler slows the host: `busy` divides by the unprofiled step time)."""
-    device = run.ctx.device
-    kinds = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        kinds.append(torch.profiler.ProfilerActivity.CUDA)
-    kind = DeviceType.CUDA if device.type == "cuda" else DeviceType.CPU
+    """Over `updates` profiled updates: the device's kernel time per update (the union of its
+    kernel intervals), kernels per update, the five costliest, and the profiled time itself."""
+    cuda = run.ctx.device.type == "cuda"
+    kinds = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])  # fmt: skip
+    kind = DeviceType.CUDA if cuda else DeviceType.CPU
     with torch.profiler.profile(activities=kinds) as prof:
-        start = now(device)
+        start = now(run.ctx.device)
         for i in range(updates):
             train_step(run, [batches[i % len(batches)]], window)
-        wall = now(device) - start
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == kind and (kind == DeviceType.CUDA or e.cpu_parent is None)
-    )
-    covered, end = 0.0, float("-inf")
+        wall = now(run.ctx.device) - start
+    events = [e for e in prof.events() if e.device_type == kind]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if cuda or e.cpu_parent is None)  # fmt: skip
+    covered, end, per_name = 0.0, float("-inf"), Counter()
     for a, b in spans:  # the union of the intervals, microseconds
-        covered += max(0.0, b - max(a, end))
-        end = max(end, b)
-    per_name: Counter = Counter()
-    for e in prof.events():
-        if e.device_type == kind:
-            per_name[e.name] += e.time_range.elapsed_us()
+        covered, end = covered + max(0.0, b - max(a, end)), max(end, b)
+    for e in events:
+        per_name[e.name] += e.time_range.elapsed_us()
     top = [(name, round(us / updates / 1e3, 3)) for name, us in per_name.most_common(5)]
-    return {"kernel_ms_per_update": covered / 1e3 / updates,
-            "kernels_per_update": len(spans) / updates,
+    return {"kernel_ms_per_update": covered / 1e3 / updates, "kernels_per_update": len(spans) / updates,
             "profiled_ms_per_update": 1e3 * wall / updates, "top_ms_per_update": top}  # fmt: skip
 
 
-def measure(preset: str, variant: str, args: argparse.Namespace, peak: dict) -> dict[str, Any]:
-    """One preset x variant: the first update (compiles), timed cycles, syncs, busy, memory."""
+def measure(preset: str, variant: str, args: argparse.Namespace, peaks: dict) -> dict[str, Any]:
+    """One preset x variant: the first update (compiles), timed cycles (an update on each
+    batch), syncs, busy (kernel time over the unprofiled step time), memory."""
     device = torch.device(args.device)
     if device.type == "cuda":
         torch._dynamo.reset()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     run = learner(preset, variant, args)
-    model_cfg = run.trainee.model.cfg
-    batches = [
-        train_batch(args.batch_tokens, n, args.vocab, args.seed + i)
-        for i, n in enumerate(args.max_lens)
-    ]
-    if device.type == "cuda":
-        batches = [b.pin_memory() for b in batches]
-    window = _Window(device)
-    start = now(device)
-    train_step(run, [batches[0]], window)
-    first = now(device) - start
-    for b in batches[1:] * 2:  # every shape seen (a compiled step's recompiles) twice
-        train_step(run, [b], window)
-    cycles = []
-    for _ in range(args.cycles):  # one cycle: an update on each batch
-        start = now(device)
-        for b in batches:
-            train_step(run, [b], window)
-        cycles.append(now(device) - start)
-    cycle = statistics.median(cycles)
-    tokens = sum(b.n_src_tokens + b.n_tgt_tokens for b in batches)
-    flops = sum(train_flops(model_cfg, b) for b in batches)
-    entry = {
-        "preset": preset, "variant": variant, "params": run.trainee.model.num_parameters(),
-        "tokens_per_update": tokens / len(batches), "first_update_s": first,
-        "ms_per_update": 1e3 * cycle / len(batches),
-        "ms_per_update_range": [1e3 * min(cycles) / len(batches), 1e3 * max(cycles) / len(batches)],
-        "tokens_per_s": tokens / cycle, "flops_per_update": flops / len(batches),
-        "mfu": flops / cycle / peak["measured"] if peak["measured"] else None,
-        "mfu_datasheet": flops / cycle / peak["datasheet"] if peak["datasheet"] else None,
-        "syncs_per_update": syncs_per_update(run, batches[0], window),
-        **kernel_time(run, batches, window, args.profile_updates),
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30
-        if device.type == "cuda" else None,
-    }  # fmt: skip
+    batches = [train_batch(args.batch_tokens, n, args.vocab, args.seed + i) for i, n in enumerate(args.max_lens)]  # fmt: skip
+    batches = [b.pin_memory() for b in batches] if device.type == "cuda" else batches
+    window, n = _Window(device), len(batches)
+    cycle = lambda parts: [train_step(run, [b], window) for b in parts]  # noqa: E731
+    first = harness.interleaved({"first": lambda: cycle(batches[:1])}, 1, lambda: now(device))
+    cycle(batches[1:] * 2)  # every shape seen (a compiled step's recompiles) twice
+    cycles = harness.interleaved({"c": lambda: cycle(batches)}, args.cycles, lambda: now(device))["c"]  # fmt: skip
+    spread, tokens = (
+        harness.Spread.of(cycles),
+        sum(b.n_src_tokens + b.n_tgt_tokens for b in batches),
+    )
+    flops = sum(train_flops(run.trainee.model.cfg, b) for b in batches)
+    entry = {"preset": preset, "variant": variant, "params": run.trainee.model.num_parameters(),
+             "tokens_per_update": tokens / n, "first_update_s": first["first"][0],
+             "ms_per_update": 1e3 * spread.median / n,
+             "ms_per_update_range": [1e3 * spread.low / n, 1e3 * spread.high / n],
+             "tokens_per_s": tokens / spread.median, "flops_per_update": flops / n,
+             "syncs_per_update": syncs_per_update(run, batches[0], window),
+             **kernel_time(run, batches, window, args.profile_updates),
+             "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}  # fmt: skip
+    entry["mfu"], entry["mfu_datasheet"] = mfu(flops, spread.median, peaks)
     entry["busy"] = entry["kernel_ms_per_update"] / entry["ms_per_update"]
-    del run
     return entry
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
 def print_table(entries: list[dict[str, Any]], peak: dict) -> None:
-    measured = "n/a" if not peak["measured"] else f"{peak['measured'] / 1e12:.0f}"
-    sheet = "n/a" if not peak["datasheet"] else f"{peak['datasheet'] / 1e12:.0f}"
+    measured, sheet = (f"{p / 1e12:.0f}" if p else "n/a" for p in (peak["measured"], peak["datasheet"]))  # fmt: skip
     print(f"\nMFU = 6 x (weight MACs + attention MACs) of the non-pad tokens per update / step "
           f"time / bf16 peak: measured {measured} TFLOP/s (8192^3 torch.mm), datasheet {sheet}")  # fmt: skip
-    print(f"{'preset':<7}{'variant':<14}{'params':>8}{'tok/upd':>9}{'ms/upd':>9}{'tok/s':>11}"
-          f"{'MFU':>7}{'sheet':>7}{'syncs':>6}{'kern ms':>8}{'busy':>7}{'kern':>6}{'peak GiB':>9}"
-          f"{'1st s':>7}")  # fmt: skip
-    for e in entries:
-        memory = "n/a" if e["peak_memory_gib"] is None else f"{e['peak_memory_gib']:.1f}"
-        syncs = "n/a" if e["syncs_per_update"] is None else str(e["syncs_per_update"])
-        print(
-            f"{e['preset']:<7}{e['variant']:<14}{e['params'] / 1e6:>7.1f}M"
-            f"{e['tokens_per_update']:>9,.0f}{e['ms_per_update']:>9.2f}{e['tokens_per_s']:>11,.0f}"
-            f"{_pct(e['mfu']):>7}{_pct(e['mfu_datasheet']):>7}{syncs:>6}"
-            f"{e['kernel_ms_per_update']:>8.2f}{_pct(e['busy']):>7}"
-            f"{e['kernels_per_update']:>6.0f}{memory:>9}{e['first_update_s']:>7.1f}"
-        )
+    head = ["preset", "variant", "params", "tok/upd", "ms/upd", "tok/s", "MFU", "sheet", "syncs"]
+    head += ["kern ms", "busy", "kern", "peak GiB", "1st s"]
+    pct, na = harness.percent, lambda x, f: "n/a" if x is None else format(x, f)  # noqa: E731
+    rows = [[e["preset"], e["variant"], f"{e['params'] / 1e6:.1f}M", f"{e['tokens_per_update']:,.0f}",
+             f"{e['ms_per_update']:.2f}", f"{e['tokens_per_s']:,.0f}", pct(e["mfu"]),
+             pct(e["mfu_datasheet"]), na(e["syncs_per_update"], "d"),
+             f"{e['kernel_ms_per_update']:.2f}", pct(e["busy"]), f"{e['kernels_per_update']:.0f}",
+             na(e["peak_memory_gib"], ".1f"), f"{e['first_update_s']:.1f}"] for e in entries]  # fmt: skip
+    print("\n".join(harness.table(head, rows)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    add = parser.add_argument
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def add_flags(add: Callable) -> None:
     add("--presets", default="base,big", help="conf/model presets, comma-separated")
     add("--variants", default="bf16,bf16+compile", help="fp32|bf16[+compile], comma-separated")
     add("--batch-tokens", type=int, default=16384, help="tokens per batch, padding counted")
@@ -194,30 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     add("--vocab", type=int, default=32000, help="shared vocabulary (default: 32000)")
     add("--cycles", type=int, default=5, help="timed passes over the batches (median)")
     add("--profile-updates", type=int, default=4, help="updates under the profiler")
-    add("--seed", type=int, default=1)
-    add("--json", help="write the entries and the peaks here")
-    args = parser.parse_args(argv)
-    args.max_lens = [int(n) for n in args.max_lens.split(",")]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args.max_lens, args.seed = [int(n) for n in args.max_lens.split(",")], args.seed or 1
     device = torch.device(args.device)
-    gpu = device.type == "cuda"
-    peak = bf16_peaks(device) if gpu else {"measured": None, "datasheet": None, "gpu": None}
-    name = torch.cuda.get_device_name(device) if gpu else "cpu"
+    peak, name = bf16_peaks(device), harness.device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, vocab {args.vocab}, "
           f"{args.batch_tokens} batch tokens, max lens {args.max_lens}")  # fmt: skip
     entries = []
     for preset in args.presets.split(","):
         for variant in args.variants.split(","):
-            entries.append(measure(preset, variant, args, peak))
-            e = entries[-1]
+            entries.append(e := measure(preset, variant, args, peak))
             print(f"{preset} {variant}: {e['ms_per_update']:.2f} ms/update, "
-                  f"MFU {_pct(e['mfu'])}, top {e['top_ms_per_update'][:3]}", flush=True)  # fmt: skip
+                  f"MFU {harness.percent(e['mfu'])}, top {e['top_ms_per_update'][:3]}", flush=True)  # fmt: skip
     print_table(entries, peak)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": name, "torch": torch.__version__, "peak": peak,
-                       "args": vars(args), "entries": entries}, f, indent=1)  # fmt: skip
-    return 0
+    return {"device": name, "torch": torch.__version__, "peak": peak, "args": vars(args), "entries": entries}  # fmt: skip
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(harness.main(sys.modules[__name__]))

@@ -1,4 +1,4 @@
-"""Smoke tests of benchmarks/benchmark.py and benchmarks/peers.py (tiny sizes, one thread).
+"""Smoke tests of the benchmark harness and each of its plug-ins (tiny sizes, one thread).
 
 No timing assertion: they check that the harness runs, reports positive numbers, writes the
 expected JSON, and that the peers and the no-cache baseline compute what ours computes.
@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.search import beam_search, greedy_search
 from attnmt.decoding.translator import length_sorted_batches
 from attnmt.decoding.uncached import UncachedModel
-from benchmarks import benchmark
+from benchmarks import benchmark, harness
 from tests.helpers_decoding import (
     PAIRS,
     SEARCH_MODEL,
@@ -41,11 +42,18 @@ def one_thread() -> Iterator[None]:
         yield
 
 
+def run(plugin: ModuleType, flags: list[str]) -> dict:
+    """The plug-in's report, as the harness parses its flags."""
+    args = harness.parser(plugin).parse_args(flags)
+    args.device = args.device or "cpu"
+    return plugin.run(args)
+
+
 def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     path = tmp_path / "bench.json"
-    report = benchmark.run([*TINY_FLAGS, "--json", str(path)])
-    assert json.loads(path.read_text()) == json.loads(json.dumps(report))
+    assert harness.main(benchmark, [*TINY_FLAGS, "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
     assert {"meta", "peak_bf16_flops", "train"} <= report.keys()
     (train,) = report["train"]
     assert set(train["results"]) == {"ours", "transformers"}
@@ -57,7 +65,7 @@ def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 
 
 def test_benchmark_without_peers() -> None:
-    report = benchmark.run([*TINY_FLAGS, "--peers", ""])
+    report = run(benchmark, [*TINY_FLAGS, "--peers", ""])
     assert set(report["train"][0]["results"]) == {"ours"}
     assert report["train"][0]["ratios"] == {}
     assert report["train"][0]["results"]["ours"]["tokens_per_s"] > 0
@@ -124,7 +132,7 @@ def test_real_mode_table_with_peers_and_ratios(
     pytest.importorskip("transformers", reason="transformers is not installed (.[bench] extra)")
     path = tmp_path / "real.json"
     with single_thread():
-        status = benchmark.main(real_flags(trained_run, "--json", str(path)))
+        status = harness.main(benchmark, real_flags(trained_run, "--json", str(path)))
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -163,10 +171,8 @@ def test_real_mode_table_with_peers_and_ratios(
 def test_the_code_under_test_names_its_tree_and_commit(monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
-    from benchmarks import peers
-
     root = Path(benchmark.ROOT)
-    where, _, commit = peers.code_under_test().partition(" at ")
+    where, _, commit = harness.code_under_test().partition(" at ")
     assert Path(where) == root
     if (root / ".git").exists():  # a checkout (CI's clone is one): the commit is HEAD's
         git = ["git", "-C", str(root), "rev-parse", commit.removesuffix("-dirty"), "HEAD"]
@@ -176,8 +182,8 @@ def test_the_code_under_test_names_its_tree_and_commit(monkeypatch: pytest.Monke
     def no_git(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError("git")
 
-    monkeypatch.setattr(peers.subprocess, "run", no_git)
-    assert peers.code_under_test() == f"{root} (not a git checkout)"
+    monkeypatch.setattr(harness.subprocess, "run", no_git)
+    assert harness.code_under_test() == f"{root} (not a git checkout)"
 
 
 def test_real_mode_bf16_and_the_unpacked_engine(
@@ -193,7 +199,7 @@ def test_real_mode_bf16_and_the_unpacked_engine(
     path = tmp_path / "bf16.json"
     flags = ["--peers", "", "--beams", "1", "--precision", "bf16", "--unpacked"]
     with single_thread():
-        status = benchmark.main(real_flags(trained_run, *flags, "--json", str(path)))
+        status = harness.main(benchmark, real_flags(trained_run, *flags, "--json", str(path)))
     assert status == 0, capsys.readouterr().out
     report = json.loads(path.read_text())
     assert list(report["systems"]) == ["attnmt", "attnmt int8", "attnmt unpacked"]
@@ -260,7 +266,7 @@ def test_real_mode_without_ctranslate2_says_why(
 ) -> None:
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     with single_thread():
-        report = benchmark.run(real_flags(trained_run, "--peers", "ctranslate2", "--beams", "1"))
+        report = run(benchmark, real_flags(trained_run, "--peers", "ctranslate2", "--beams", "1"))
     out = capsys.readouterr().out
     notes = [line for line in out.splitlines() if "ctranslate2" in line and "skipped" in line]
     assert len(notes) == 1 and "not installed" in notes[0]
@@ -280,7 +286,7 @@ def test_real_mode_without_ctranslate2_says_why(
 def test_bad_input_is_one_line(
     flags: list[str], message: str, capsys: pytest.CaptureFixture
 ) -> None:
-    assert benchmark.main(flags) == 1
+    assert harness.main(benchmark, flags) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("benchmark.py: error: ") and message in err and "\n" not in err
 
@@ -343,7 +349,7 @@ def test_real_mode_runs_every_system_on_every_cpu_kind(
     path = tmp_path / "kinds.json"
     flags = ["--peers", "ctranslate2", "--cpu-kinds", "native,avx2", "--json", str(path)]
     with single_thread():
-        status = benchmark.main(real_flags(trained_run, *flags))
+        status = harness.main(benchmark, real_flags(trained_run, *flags))
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -380,7 +386,7 @@ def test_several_runs_with_their_own_tokenizers_in_one_table(
     path = tmp_path / "two.json"
     flags = real_flags(trained_run, "--peers", "ctranslate2", "--json", str(path))
     with single_thread():
-        status = benchmark.main(["--run", str(tmp_path / "student"), *flags])
+        status = harness.main(benchmark, ["--run", str(tmp_path / "student"), *flags])
     out = capsys.readouterr().out
     assert status == 0, out
     report = json.loads(path.read_text())
@@ -421,7 +427,7 @@ def test_finetune_benchmark_trains_both_on_the_same_batches(
     flags = ["--tiny", "--layers", "1", "--vocab", "200", "--device", "cpu", "--batch-tokens",
              "128", "--updates", "4", "--warmup", "1", "--src", str(toy / "train.en"),
              "--tgt", str(toy / "train.de"), "--json", str(path)]  # fmt: skip
-    assert finetune.main(flags) == 0
+    assert harness.main(finetune, flags) == 0
     assert "ratio ours/transformers (tokens/s)" in capsys.readouterr().out
     report = json.loads(path.read_text())
     assert set(report["check"]) == {"fp32", "bf16"}
@@ -451,7 +457,7 @@ def test_train_step_report_times_train_pys_update_without_host_reads(tmp_path: P
     flags = ["--device", "cpu", "--presets", "tiny", "--variants", "bf16", "--vocab", "300",
              "--batch-tokens", "256", "--max-lens", "6,9", "--cycles", "2",
              "--profile-updates", "2", "--json", str(path)]  # fmt: skip
-    assert train_step.main(flags) == 0
+    assert harness.main(train_step, flags) == 0
     report = json.loads(path.read_text())
     (entry,) = report["entries"]
     assert (entry["preset"], entry["variant"]) == ("tiny", "bf16")
@@ -465,3 +471,50 @@ def test_train_step_report_times_train_pys_update_without_host_reads(tmp_path: P
     low, high = entry["ms_per_update_range"]
     assert low <= entry["ms_per_update"] <= high
     assert entry["flops_per_update"] > 6 * entry["params"] * 0.5  # at least a token's worth
+
+
+# ------------------------------------- terminology and documents (their plug-ins, tiny run)
+
+
+def test_terminology_reports_term_usage_and_timing_per_glossary(
+    trained_run: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """benchmarks/terminology.py through the harness: the toy English sentences that hold a
+    term, a row per (search, glossary), and a timing row per glossary against none."""
+    from benchmarks import terminology
+
+    run, _, _ = trained_run
+    toy = Path(__file__).parent / "fixtures" / "toy"
+    path = tmp_path / "terms.json"
+    flags = ["--run", str(run), "--src", str(toy / "train.en"), "--ref", str(toy / "train.de")]
+    with single_thread():
+        status = harness.main(
+            terminology, [*flags, "--limit", "4", "--repeats", "2", "--json", str(path)]
+        )
+    assert status == 0
+    report = json.loads(path.read_text())
+    assert [(r["search"], r["glossary"]) for r in report["quality"]] == [
+        (search, glossary) for search in ("greedy", "beam 5") for glossary in ("none", "usual", "unusual")
+    ]  # fmt: skip
+    assert [r["glossary"] for r in report["timing"]] == ["none", "usual", "unusual"]
+    assert report["timing"][0]["x none"] == "1.00"
+    usual = next(r for r in report["quality"] if r["glossary"] == "usual")
+    assert usual["usual terms used"].startswith("100.0%")  # a constraint is always met
+
+
+def test_documents_scores_three_ways_and_counts_splitter_errors(
+    trained_run: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from benchmarks import documents
+
+    run, _, _ = trained_run
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("test2016", "test2017"):
+        (data / f"{split}.de").write_text("".join(f"{s}\n" for s, _ in PAIRS[:16]))
+        (data / f"{split}.en").write_text("".join(f"{t}\n" for _, t in PAIRS[:16]))
+    flags = ["-c", str(run), "--data-dir", str(data), "--src", "de", "--tgt", "en"]
+    assert harness.main(documents, [*flags, "--beam", "1", "--count", "4"]) == 0
+    out = capsys.readouterr().out
+    for row in ("| unsplit |", "| split |", "| one by one |", "| de | 0 |", "| en | 0 |"):
+        assert row in out, out

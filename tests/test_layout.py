@@ -190,8 +190,10 @@ def test_nothing_edits_sys_path() -> None:
     assert found == [f"tests/{Path(__file__).name}"], found
 
 
-# The shape's caps, as docs/architecture.md states them (`test_the_docs_state_the_caps`)
-CAPS = {"function": 100, "model/": 800, "benchmarks/": 2505, "docs/benchmarks.md": 610, "shim": 40}
+# The shape's caps, as docs/architecture.md states them (`test_the_docs_state_the_caps`). They
+# are fixed by the layout decision, not by the code: a change that does not fit is cut to fit,
+# and a cap is never raised in the commit that needs it.
+CAPS = {"function": 100, "model/": 800, "benchmarks/": 1945, "docs/benchmarks.md": 500, "shim": 40}
 
 
 def test_the_docs_state_the_caps() -> None:
