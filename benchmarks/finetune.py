@@ -12,6 +12,7 @@ import itertools
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +55,8 @@ def build_and_import(args: argparse.Namespace, tmp: Path, lines: list[str]) -> P
     folder = nllb_folder(tmp / "hf", lines, args.vocab, args.seed, sizes, decodable=False)
     args.seconds["spm + build + save"], started = time.perf_counter() - started, time.perf_counter()
     flags = ["--out", str(tmp / "run"), "--src-lang", LANGS[0], "--tgt-lang", LANGS[1]]
-    if harness.cli("import_hf").main([str(folder), *flags]) != 0:
+    import_hf = [sys.executable, harness.ROOT / "scripts" / "import_hf.py", folder, *flags]
+    if subprocess.run(import_hf, cwd=harness.ROOT).returncode != 0:
         raise UserError("import_hf.py failed (its message is above)")
     args.seconds["import"] = time.perf_counter() - started
     return folder

@@ -24,14 +24,6 @@ from attnmt.common.errors import UserError, exit_status
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "multi30k"  # Multi30k beside the repository
-# Where the names the plug-ins take from the command line live (serve: build_parser,
-# load_batcher, search_config; translate: build_parser, load_translator, runtime_precision,
-# search_config; import_hf: main), in one place: `cli(name)` imports the module.
-CLI = {"serve": "attnmt.cli.serve", "translate": "attnmt.cli.translate", "import_hf": "attnmt.cli.import_hf"}  # fmt: skip
-
-
-def cli(name: str) -> ModuleType:
-    return importlib.import_module(CLI[name])
 
 
 def csv(kind: type) -> Callable[[str], list]:

@@ -74,13 +74,19 @@ class Client:
 
 
 class InProcess:
-    """serve.py's model and batcher loaded in this process (mode `in-process`): the server
-    without HTTP, JSON and the model process's pipe, behind `Client`'s `post` and `get`."""
+    """serve.py's model and batcher in this process (`in-process`): no HTTP, JSON or pipe."""
 
     def __init__(self, checkpoint: str, flags: list[str]) -> None:
-        serve = harness.cli("serve")
-        args = serve.build_parser().parse_args(["-c", checkpoint, *flags])
-        self.batcher, facts = serve.load_batcher(lambda *_: None, args, checkpoint, serve.search_config(args), False)  # fmt: skip
+        from attnmt.decoding.config import SearchConfig
+        from attnmt.server.hosting import ModelProcessOptions, load_batcher
+
+        parser = argparse.ArgumentParser(prog="load_server.py --modes in-process --server-args")
+        parser.add_argument("--beam", type=int), parser.add_argument("--precision")
+        got = parser.parse_args(flags)  # the serve.py flags one in-process model takes
+        typed = frozenset(k for k, v in {"beam_size": got.beam, "precision": got.precision}.items() if v)  # fmt: skip
+        options = ModelProcessOptions(precision=got.precision or "fp32", given=typed)
+        search = SearchConfig(**({"beam_size": got.beam} if got.beam else {}))
+        self.batcher, facts = load_batcher(lambda *_: None, options, checkpoint, search, False)
         self.defaults = facts["defaults"]
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -140,8 +146,7 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float = 18
 def started_server(
     checkpoints: list[str], extra: list[str], handle: list | None = None
 ) -> Iterator[str]:
-    """serve.py (one `-c` per checkpoint) on a free loopback port; its URL. Stopped with
-    SIGTERM (it must exit 0). `handle`, when given, receives the process."""
+    """serve.py on a free loopback port, its URL; SIGTERM at the end (it must exit 0)."""
     with socket.socket() as sock:  # a free loopback port
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -218,10 +223,7 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
                         counts["swapped"] += bool(by_text.get(text, set()) - {i})
 
     threads = [threading.Thread(target=client_loop) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    [thread.start() for thread in threads], [thread.join() for thread in threads]
     seconds, ms = time.perf_counter() - start_time, [t * 1000 for t in latencies]
     batches = connect(url).get("/health")["batches"] - before
     return Level(options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
@@ -239,11 +241,17 @@ def table(levels: list[Level]) -> str:
     return "\n".join(harness.table(head, rows)) + "\n"
 
 
-OFFLINE = f"""import statistics, sys, time
-from {harness.CLI["translate"]} import build_parser, load_translator, runtime_precision, search_config
-args = build_parser().parse_args(sys.argv[1:])
-translator, lines, took = load_translator(args, search_config(args)), sys.stdin.read().splitlines(), []
-with runtime_precision(args, translator):
+OFFLINE = """import statistics, sys, time
+from attnmt.common.runtime import autocast
+from attnmt.decoding.config import SearchConfig
+from attnmt.decoding.stream import translator_of
+from attnmt.engine.runs import RuntimeOptions, load_run
+checkpoint, beam, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+given = frozenset({"beam_size"} | ({"precision"} if precision else set()))
+runtime = RuntimeOptions(precision=precision or "fp32", given=given, prog="translate.py")
+loaded = load_run(runtime, [checkpoint], SearchConfig(beam_size=beam))
+translator, lines, took = translator_of(loaded), sys.stdin.read().splitlines(), []
+with autocast(loaded.device, loaded.precision):
     translator.translate(lines[:8])
     for _ in range(3):
         start = time.perf_counter()
@@ -253,10 +261,8 @@ print(len(lines) / statistics.median(took))"""
 
 
 def offline(checkpoint: str, beam: int, sentences: list[str], precision: str = "") -> float:
-    """Offline translate.py's sentences/s (its loader and `Translator`; median of 3 runs), in
-    `precision` ("": the run's, as translate.py decides)."""
-    cmd = [sys.executable, "-c", OFFLINE, "-c", checkpoint, "--beam", str(beam)]
-    cmd += ["--precision", precision] if precision else []
+    """Offline translate.py's sentences/s (median of 3 runs; "" precision: the run's)."""
+    cmd = [sys.executable, "-c", OFFLINE, checkpoint, str(beam), precision]
     done = subprocess.run(cmd, input="\n".join(sentences), cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"offline translate.py failed: {done.stderr[-2000:]}")
