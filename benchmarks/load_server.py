@@ -262,7 +262,7 @@ print(len(lines) / statistics.median(took))"""
 
 def offline(checkpoint: str, beam: int, sentences: list[str], precision: str = "") -> float:
     """Offline translate.py's sentences/s (median of 3 runs; "" precision: the run's)."""
-    cmd = [sys.executable, "-c", OFFLINE, checkpoint, str(beam), precision]
+    cmd = [sys.executable, "-c", OFFLINE, checkpoint, str(beam), precision or ""]
     done = subprocess.run(cmd, input="\n".join(sentences), cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"offline translate.py failed: {done.stderr[-2000:]}")
