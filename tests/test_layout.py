@@ -192,7 +192,8 @@ def test_nothing_edits_sys_path() -> None:
 
 # The shape's caps, as docs/architecture.md states them (`test_the_docs_state_the_caps`). They
 # are fixed by the layout decision, not by the code: a change that does not fit is cut to fit,
-# and a cap is never raised in the commit that needs it.
+# and a cap is never raised in the commit that needs it. benchmarks/' goal is 1,500 lines; 1,945
+# is where the one harness stands today, and that number only goes down.
 CAPS = {"function": 100, "model/": 800, "benchmarks/": 1945, "docs/benchmarks.md": 500, "shim": 40}
 
 
