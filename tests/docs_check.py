@@ -414,6 +414,7 @@ def _parse_with_program(kind: str, target: str, args: list[str]) -> None:
                 runpy.run_path(str(ROOT / target), run_name="__main__")
             else:
                 _check_importable(target)
+                sys.modules.pop(target, None)  # as `python -m` runs it: not the imported copy
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
     except _Parsed:
         return
