@@ -82,8 +82,8 @@ def check_exports(
                 folder = Path(tmp) / quantization
                 export_ct2(model, tokenizer, folder, quantization)
                 ctranslate2 = require("ctranslate2")
-                threads = {"intra_threads": threads} if threads else {}
-                translator = ctranslate2.Translator(str(folder), device="cpu", **threads)
+                intra = {"intra_threads": threads} if threads else {}  # `threads` stays an int
+                translator = ctranslate2.Translator(str(folder), device="cpu", **intra)
                 start = time.perf_counter()
                 ids = ct2_search_ids(translator, tokenizer, src_ids, cfg, batch_size)
                 compare(name, ids, time.perf_counter() - start)
