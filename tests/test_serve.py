@@ -394,16 +394,23 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(run_dir: Path) -> N
             request(url, "GET", "/health")
 
 
+def half_body(served: Served) -> socket.socket:
+    """A connection that sent a request's head and one byte of its 99-byte body, once the
+    server counts it in flight."""
+    host, port = served.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{")
+    deadline = time.monotonic() + 60
+    while request(served.url, "GET", "/health")[1]["in_flight"] < 1:
+        assert time.monotonic() < deadline, "the request never arrived"
+        time.sleep(0.02)
+    return sock
+
+
 def test_a_client_that_stops_sending_cannot_keep_the_server_from_stopping(run_dir: Path) -> None:
     """Half a body, then silence: after --shutdown-timeout it gets a 503, the server exits 0."""
     with serve(run_dir, "--shutdown-timeout", "1") as served:
-        host, port = served.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=60) as sock:
-            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{")
-            deadline = time.monotonic() + 60
-            while request(served.url, "GET", "/health")[1]["in_flight"] < 1:
-                assert time.monotonic() < deadline, "the request never arrived"
-                time.sleep(0.02)
+        with half_body(served) as sock:
             served.process.send_signal(signal.SIGTERM)
             assert served.process.wait(timeout=60) == 0
             reply = sock.recv(65536)
@@ -417,13 +424,8 @@ def test_a_client_gone_mid_body_is_no_error_and_no_shutdown_drop(run_dir: Path) 
     """Half a body, then the connection closed: no traceback in the log (the request is dropped
     as a client gone, not a 500), and the stop says it was the client, not the shutdown."""
     with serve(run_dir) as served:
-        host, port = served.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port)), timeout=60) as sock:
-            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n{")
-            deadline = time.monotonic() + 60
-            while request(served.url, "GET", "/health")[1]["in_flight"] < 1:
-                assert time.monotonic() < deadline, "the request never arrived"
-                time.sleep(0.02)
+        deadline = time.monotonic() + 60
+        half_body(served).close()
         while request(served.url, "GET", "/health")[1]["in_flight"] > 0:
             assert time.monotonic() < deadline, "the dropped request stayed in flight"
             time.sleep(0.02)
