@@ -1,2 +1,1 @@
-"""Benchmarks and diagnostics (not installed): run from the repository root as
-`python -m benchmarks.NAME`."""
+"""Benchmarks (not installed): `python -m benchmarks.NAME` from the repository root."""

@@ -33,7 +33,6 @@ from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
 from benchmarks import harness
-from benchmarks.benchmark import ROOT, train_configs
 from benchmarks.harness import cpu_model, version
 
 LANGS = ("eng_Latn", "deu_Latn")
@@ -71,7 +70,7 @@ def ours(args: argparse.Namespace, tmp: Path) -> tuple[Learner, Any]:
                  f"tokenizer.src_lang={LANGS[0]}", f"tokenizer.tgt_lang={LANGS[1]}",
                  f"optim.warmup_steps={args.lr_warmup}", "trainer.ema_decay=0", "logger=none",
                  *args.set]  # fmt: skip
-    cfg = train_configs(overrides)
+    cfg = harness.train_configs(overrides)
     ctx = distributed.setup(cfg.trainer.device, tf32=cfg.trainer.tf32)
     seed_everything(cfg.trainer.seed)
     initial = initial_checkpoint(cfg, tmp / "bench", set())
@@ -262,7 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.batch_tokens = args.batch_tokens or (4096 if cuda else 1024)
     args.layers = args.layers or (2 if args.tiny else 12)
     data = Path(os.environ.get("ATTNMT_DATA_DIR", harness.DATA.parent)) / "multi30k"
-    data = data if (data / "train.en").is_file() else ROOT / "tests" / "fixtures" / "toy"
+    data = data if (data / "train.en").is_file() else harness.ROOT / "tests" / "fixtures" / "toy"
     args.src, args.tgt = args.src or data / "train.en", args.tgt or data / "train.de"
     src, tgt = ([x.strip() for x in p.read_text("utf-8").splitlines()][: args.max_pairs or None]
                 for p in (args.src, args.tgt))  # fmt: skip

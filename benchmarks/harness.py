@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import platform
 import statistics
 import subprocess
 import time
@@ -71,6 +72,16 @@ def main(plugin: ModuleType, argv: list[str] | None = None) -> int:
     return exit_status(f"{name}.py", go)
 
 
+def train_configs(overrides: list[str]) -> Any:
+    """train.py's `Configs` for these command-line overrides (its conf/, composed by Hydra)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnmt.training.config import Configs
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        return Configs.from_hydra(compose("train", overrides=overrides))
+
+
 def version(name: str) -> str | None:
     """The installed version of package `name`, None when it does not import."""
     try:
@@ -86,21 +97,7 @@ def cpu_model() -> str:
         fields = {k.strip(): v.strip() for k, _, v in (x.partition(":") for x in block.split("\n"))}
         return f"{fields['model name']} (family {fields['cpu family']}, model {fields['model']})"
     except (OSError, KeyError):
-        import platform
-
         return platform.processor() or platform.machine()
-
-
-def device_name(device: Any) -> str:
-    """The GPU's name, or the CPU model."""
-    import torch
-
-    return torch.cuda.get_device_name(device) if str(device).startswith("cuda") else cpu_model()
-
-
-def variant(name: str) -> tuple[str, bool]:
-    """A training variant `fp32|bf16[+compile]`: (precision, compiled)."""
-    return name.split("+")[0], name.endswith("+compile")
 
 
 def code_under_test() -> str:

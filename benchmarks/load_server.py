@@ -1,6 +1,5 @@
 """Load test for serve.py: throughput and latency per client count and server mode (with -c:
-`batching`, `no-batching`, `in-process`: its model and batcher here, no HTTP), against offline
-translate.py with `--offline`; exit status 1 when an answer is not its request's reference
+`batching`, `no-batching`), against offline translate.py with `--offline`; exit status 1 when an answer is not its request's reference
 (docs/benchmarks.md, "Serving under load"). The soak is the slow test tests/test_soak.py.
 
     python -m benchmarks.load_server -c RUN_DIR --beam 5 --sentences 200
@@ -71,44 +70,6 @@ class Client:
             return json.loads(conn.getresponse().read())
         finally:
             conn.close()
-
-
-class InProcess:
-    """serve.py's model and batcher in this process (`in-process`): no HTTP, JSON or pipe."""
-
-    def __init__(self, checkpoint: str, flags: list[str]) -> None:
-        from attnmt.decoding.config import SearchConfig
-        from attnmt.server.hosting import ModelProcessOptions, load_batcher
-
-        parser = argparse.ArgumentParser(prog="load_server.py --modes in-process --server-args")
-        parser.add_argument("--beam", type=int), parser.add_argument("--precision")
-        got = parser.parse_args(flags)  # the serve.py flags one in-process model takes
-        typed = frozenset(k for k, v in {"beam_size": got.beam, "precision": got.precision}.items() if v)  # fmt: skip
-        options = ModelProcessOptions(precision=got.precision or "fp32", given=typed)
-        search = SearchConfig(**({"beam_size": got.beam} if got.beam else {}))
-        self.batcher, facts = load_batcher(lambda *_: None, options, checkpoint, search, False)
-        self.defaults = facts["defaults"]
-
-    def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        from attnmt.server.batcher import Job
-        from attnmt.server.options import apply_options
-
-        cfg = apply_options({"beam_size": body["beam_size"]}, self.defaults)  # as serve.py's
-        found = self.batcher.submit(Job(cfg, body["sentences"])).result()
-        return 200, {"translations": [nbest[0][0] for nbest in found]}
-
-    def get(self, path: str) -> dict[str, Any]:
-        return {"batches": self.batcher.batches, "models": [{"id": ""}]}
-
-    def __enter__(self) -> InProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.batcher.close()
-
-
-def connect(url: str | InProcess) -> Client | InProcess:
-    return url if isinstance(url, InProcess) else Client(url)
 
 
 class Level(NamedTuple):
@@ -194,11 +155,11 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
     latencies: list[float] = []
     counts = dict.fromkeys(("sentences", "mismatched", "swapped", "errors"), 0)
     lock = threading.Lock()
-    before, start_time = connect(url).get("/health")["batches"], time.perf_counter()
+    before, start_time = Client(url).get("/health")["batches"], time.perf_counter()
     deadline = start_time + max_seconds
 
     def client_loop() -> None:
-        client = connect(url)
+        client = Client(url)
         while time.perf_counter() < deadline:
             try:
                 indices = work.get_nowait()
@@ -225,7 +186,7 @@ def run_level(url: str, mode: str, clients: int, sentences: list[str], refs: lis
     threads = [threading.Thread(target=client_loop) for _ in range(clients)]
     [thread.start() for thread in threads], [thread.join() for thread in threads]
     seconds, ms = time.perf_counter() - start_time, [t * 1000 for t in latencies]
-    batches = connect(url).get("/health")["batches"] - before
+    batches = Client(url).get("/health")["batches"] - before
     return Level(options.get("model", ""), mode, clients, len(latencies), counts["sentences"], seconds,
                  statistics.median(ms or [0.0]), percentile(ms, 0.99), counts["mismatched"],
                  counts["swapped"], counts["errors"], batches, options["beam_size"])  # fmt: skip
@@ -298,14 +259,13 @@ def run_levels(args: argparse.Namespace, sentences: list[str]) -> tuple[list[dic
         else:
             flags = args.server_args.split() + (["--no-batching"] if mode == "no-batching" else [])
             flags += ["--precision", args.precision] if args.precision else []
-            local = mode == "in-process"  # one model, no HTTP (`InProcess`)
-            server = InProcess(args.checkpoint[0], flags) if local else started_server(args.checkpoint, flags)  # fmt: skip
+            server = started_server(args.checkpoint, flags)
         with server as url:
-            ids = [m["id"] for m in connect(url).get("/models")["models"]]
+            ids = [m["id"] for m in Client(url).get("/models")["models"]]
             for model, beam in [(m, b) for m in (ids if len(ids) > 1 else [""]) for b in beams]:
                 options: dict[str, Any] = {"beam_size": beam, **({"model": model} if model else {})}  # fmt: skip
                 if (model, beam) not in refs:
-                    began, client = time.perf_counter(), connect(url)
+                    began, client = time.perf_counter(), Client(url)
                     refs[model, beam] = [translation(client, {"sentences": [s], **options}) for s in sentences]  # fmt: skip
                     print(f"references {model} beam {beam}: {len(sentences)} sentences, one at a "
                           f"time, in {time.perf_counter() - began:.1f} s", file=sys.stderr)  # fmt: skip
@@ -337,7 +297,7 @@ def add_flags(add: Callable) -> None:
     add("--sentences", type=int, default=200, help="sentences per level (default: 200)")
     add("--clients", default="1,8,32", help="client counts (default: 1,8,32)")
     add("--per-request", type=int, default=1, help="sentences per request (default: 1)")
-    add("--modes", default="batching,no-batching", help="with -c: batching, no-batching, in-process")
+    add("--modes", default="batching,no-batching", help="with -c: batching, no-batching")
     add("--beam", default="1", help="beam_size of every request; a comma list measures each")
     add("--offline", action="store_true", help="with -c: also time offline translate.py")
     add("--max-seconds", type=float, default=120.0, help="time limit per level (default: 120)")
@@ -354,6 +314,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], int]:
         raise UserError("--offline and --precision start serve.py and translate.py: pass -c, no --url")  # fmt: skip
     if args.url is not None and urlsplit(args.url).hostname not in LOOPBACK:
         raise UserError(f"--url {args.url}: loopback only (127.0.0.1, localhost)")
+    if bad := [m for m in args.modes.split(",") if m not in ("batching", "no-batching")]:
+        raise UserError(f"--modes takes batching and no-batching, got {','.join(bad)}")
     path = Path(args.input)
     if not path.is_file():
         raise UserError(f"{path} not found; pass --input FILE")

@@ -8,6 +8,7 @@ sentence rotates over `--max-lens` (docs/benchmarks.md, "On a GPU").
 
 import argparse
 import sys
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -17,29 +18,78 @@ from typing import Any
 import torch
 from torch.autograd import DeviceType
 
+from attnmt.common.runtime import DATASHEET_BF16_FLOPS, datasheet_gpu
+from attnmt.data.batching import Batch, collate
+from attnmt.data.tokenizer import SpecialIds
+from attnmt.model import ModelConfig
 from attnmt.training import build, distributed
 from attnmt.training.loop import _Window, train_step
 from attnmt.training.run import Learner
 from attnmt.training.state import seed_everything
 from benchmarks import harness
-from benchmarks.benchmark import (
-    SPECIAL,
-    bf16_peaks,
-    mfu,
-    now,
-    train_batch,
-    train_configs,
-    train_flops,
-)
+
+SPECIAL = SpecialIds()  # pad 0, unk 1, bos 2, eos 3: what our tokenizer uses
+
+
+def train_batch(batch_tokens: int, max_len: int, vocab: int, seed: int) -> Batch:
+    """A padded random batch with `B * max(S, T) <= batch_tokens` (S, T count eos / bos)."""
+    n, gen = max(1, batch_tokens // (max_len + 1)), torch.Generator().manual_seed(seed)
+
+    def lines() -> list[list[int]]:
+        lengths = torch.randint(max(1, max_len // 2), max_len + 1, (n,), generator=gen)
+        return [torch.randint(4, vocab, (int(k),), generator=gen).tolist() for k in lengths]
+
+    return collate(lines(), lines(), SPECIAL)
+
+
+def train_flops(cfg: ModelConfig, batch: Batch) -> float:
+    """Model FLOPs of one training step (forward + backward = 3 x forward), non-pad tokens."""
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
+    Le, Ld = cfg.n_encoder_layers, cfg.n_decoder_layers
+    S = batch.src_ids.ne(SPECIAL.pad).sum(1).double()  # (B,) real source tokens per sentence
+    T = batch.tgt_out.ne(SPECIAL.pad).sum(1).double()  # (B,) real target tokens per sentence
+    s, t = S.sum().item(), T.sum().item()
+    weight_macs = (
+        Le * s * (4 * D * D + 2 * D * F)  # encoder: q, k, v, out + FFN on source tokens
+        + Ld * t * (4 * D * D + 2 * D * D + 2 * D * F)  # decoder self + cross q/out + FFN
+        + Ld * s * 2 * D * D  # cross-attention k, v of the encoder output
+        + t * D * V  # output projection
+    )
+    pairs = Le * (S * S).sum().item() + Ld * (T * T).sum().item() + Ld * (T * S).sum().item()
+    return 6.0 * (weight_macs + 2 * D * pairs)  # attention: q k^T and weights @ v
+
+
+def now(device: torch.device) -> float:
+    """The host clock once `device` has done its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def bf16_peaks(device: torch.device, n: int = 8192) -> dict[str, Any]:
+    """What MFU divides by: the bf16 FLOP/s of an n x n x n `torch.mm` here (best of 5 after 2
+    warm-ups) and the datasheet's dense bf16 peak (None for a GPU it does not know; a CPU)."""
+    if device.type != "cuda":
+        return {"measured": None, "datasheet": None, "gpu": None}
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    times = harness.interleaved({"mm": lambda: torch.mm(a, a)}, 7, lambda: now(device))["mm"]
+    sheet = datasheet_gpu(torch.cuda.get_device_name(device))
+    return {"measured": 2 * n**3 / min(times[2:]), "datasheet": DATASHEET_BF16_FLOPS.get(sheet),
+            "gpu": sheet}  # fmt: skip
+
+
+def mfu(flops: float, seconds: float, peaks: dict) -> tuple[float | None, float | None]:
+    """Model FLOPs utilisation against the measured and the datasheet peak (None: no peak)."""
+    return tuple(flops / seconds / p if p else None for p in (peaks["measured"], peaks["datasheet"]))  # type: ignore[return-value]  # fmt: skip
 
 
 def learner(preset: str, variant: str, args: argparse.Namespace) -> Learner:
     """What train.py builds for `model=<preset>` on `args.device`, without data."""
-    precision, compiled = harness.variant(variant)
+    precision, compiled = variant.split("+")[0], variant.endswith("+compile")
     overrides = [f"model={preset}", f"trainer.precision={precision}",
                  f"trainer.max_tokens={args.batch_tokens}", f"trainer.compile={compiled}",
                  f"trainer.device={args.device}", "logger=none"]  # fmt: skip
-    cfg, device = train_configs(overrides), torch.device(args.device)
+    cfg, device = harness.train_configs(overrides), torch.device(args.device)
     vocab = SimpleNamespace(src_vocab_size=args.vocab, tgt_vocab_size=args.vocab, special=SPECIAL)
     seed_everything(args.seed)
     trainee = build.build_trainee(cfg, vocab, device)  # type: ignore[arg-type]
@@ -154,7 +204,10 @@ def add_flags(add: Callable) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.max_lens, args.seed = [int(n) for n in args.max_lens.split(",")], args.seed or 1
     device = torch.device(args.device)
-    peak, name = bf16_peaks(device), harness.device_name(device) if device.type == "cuda" else "cpu"
+    peak, name = (
+        bf16_peaks(device),
+        harness.cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
+    )
     print(f"device {name}, torch {torch.__version__}, vocab {args.vocab}, "
           f"{args.batch_tokens} batch tokens, max lens {args.max_lens}")  # fmt: skip
     entries = []

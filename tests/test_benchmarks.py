@@ -31,11 +31,6 @@ from tests.helpers_decoding import (
     tiny_tokenizer,
 )
 
-MODEL_FLAGS = "--device cpu --preset tiny --vocab 200"
-RUN_FLAGS = "--batch-tokens 96 --max-len 6 --warmup 1 --repeats 1"
-TINY_FLAGS = f"{MODEL_FLAGS} {RUN_FLAGS}".split()
-
-
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     with single_thread():
@@ -47,44 +42,6 @@ def run(plugin: ModuleType, flags: list[str]) -> dict:
     args = harness.parser(plugin).parse_args(flags)
     args.device = args.device or "cpu"
     return plugin.run(args)
-
-
-def test_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
-    pytest.importorskip("transformers")
-    path = tmp_path / "bench.json"
-    assert harness.main(benchmark, [*TINY_FLAGS, "--json", str(path)]) == 0
-    report = json.loads(path.read_text())
-    assert {"meta", "peak_bf16_flops", "train"} <= report.keys()
-    (train,) = report["train"]
-    assert set(train["results"]) == {"ours", "transformers"}
-    assert set(train["ratios"]) == {"ours/transformers"}
-    for r in train["results"].values():
-        assert r["median_s"] > 0 and r["tokens_per_s"] > 0 and r["params"] > 0
-        assert r["mfu"] is None  # GPU only
-    assert train["flops_per_step"] > 0 and train["src_tokens"] > 0 and train["tgt_tokens"] > 0
-
-
-def test_benchmark_without_peers() -> None:
-    report = run(benchmark, [*TINY_FLAGS, "--peers", ""])
-    assert set(report["train"][0]["results"]) == {"ours"}
-    assert report["train"][0]["ratios"] == {}
-    assert report["train"][0]["results"]["ours"]["tokens_per_s"] > 0
-
-
-def test_marian_peer_computes_our_function() -> None:
-    """Same sizes + our copied weights: MarianMTModel's logits are ours (eval mode)."""
-    pytest.importorskip("transformers")
-    cfg, _ = benchmark.model_config("tiny", vocab=60)
-    models = benchmark.build_models(cfg, ["transformers"], torch.device("cpu"), 64, seed=0)
-    ours, marian = models["ours"].eval(), models["transformers"].eval()
-    assert benchmark.trainable_parameters(marian) and sum(
-        p.numel() for p in benchmark.trainable_parameters(marian)
-    ) == sum(p.numel() for p in ours.parameters())
-    batch = benchmark.train_batch(40, 7, 60, seed=3)
-    with torch.no_grad():
-        expected = ours(batch.src_ids, batch.tgt_in)
-        got = benchmark.forward_fn("transformers", marian)(batch)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -171,7 +128,7 @@ def test_real_mode_table_with_peers_and_ratios(
 def test_the_code_under_test_names_its_tree_and_commit(monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
-    root = Path(benchmark.ROOT)
+    root = Path(harness.ROOT)
     where, _, commit = harness.code_under_test().partition(" at ")
     assert Path(where) == root
     if (root / ".git").exists():  # a checkout (CI's clone is one): the commit is HEAD's
@@ -276,17 +233,17 @@ def test_real_mode_without_ctranslate2_says_why(
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--src", "x.txt"], "--run and --src go together"),
-        (["--run", "nowhere", "--src", "x.txt"], "nowhere"),
+        ([], "nowhere"),
         (["--repeats", "0"], "--repeats must be >= 1"),
-        (["--precision", "bf16"], "--precision needs --run"),
-        (["--unpacked"], "--unpacked needs --run"),
+        (["--beams", "0"], "--beams must be beam sizes >= 1"),
+        (["--cpu-kinds", "avx9"], "--cpu-kinds takes native, avx2"),
+        (["--peers", "marian"], "unknown peer(s) ['marian']"),
     ],
 )
 def test_bad_input_is_one_line(
     flags: list[str], message: str, capsys: pytest.CaptureFixture
 ) -> None:
-    assert harness.main(benchmark, flags) == 1
+    assert harness.main(benchmark, ["--run", "nowhere", "--src", "x.txt", *flags]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("benchmark.py: error: ") and message in err and "\n" not in err
 
@@ -471,50 +428,3 @@ def test_train_step_report_times_train_pys_update_without_host_reads(tmp_path: P
     low, high = entry["ms_per_update_range"]
     assert low <= entry["ms_per_update"] <= high
     assert entry["flops_per_update"] > 6 * entry["params"] * 0.5  # at least a token's worth
-
-
-# ------------------------------------- terminology and documents (their plug-ins, tiny run)
-
-
-def test_terminology_reports_term_usage_and_timing_per_glossary(
-    trained_run: tuple[Path, Path, Path], tmp_path: Path
-) -> None:
-    """benchmarks/terminology.py through the harness: the toy English sentences that hold a
-    term, a row per (search, glossary), and a timing row per glossary against none."""
-    from benchmarks import terminology
-
-    run, _, _ = trained_run
-    toy = Path(__file__).parent / "fixtures" / "toy"
-    path = tmp_path / "terms.json"
-    flags = ["--run", str(run), "--src", str(toy / "train.en"), "--ref", str(toy / "train.de")]
-    with single_thread():
-        status = harness.main(
-            terminology, [*flags, "--limit", "4", "--repeats", "2", "--json", str(path)]
-        )
-    assert status == 0
-    report = json.loads(path.read_text())
-    assert [(r["search"], r["glossary"]) for r in report["quality"]] == [
-        (search, glossary) for search in ("greedy", "beam 5") for glossary in ("none", "usual", "unusual")
-    ]  # fmt: skip
-    assert [r["glossary"] for r in report["timing"]] == ["none", "usual", "unusual"]
-    assert report["timing"][0]["x none"] == "1.00"
-    usual = next(r for r in report["quality"] if r["glossary"] == "usual")
-    assert usual["usual terms used"].startswith("100.0%")  # a constraint is always met
-
-
-def test_documents_scores_three_ways_and_counts_splitter_errors(
-    trained_run: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    from benchmarks import documents
-
-    run, _, _ = trained_run
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("test2016", "test2017"):
-        (data / f"{split}.de").write_text("".join(f"{s}\n" for s, _ in PAIRS[:16]))
-        (data / f"{split}.en").write_text("".join(f"{t}\n" for _, t in PAIRS[:16]))
-    flags = ["-c", str(run), "--data-dir", str(data), "--src", "de", "--tgt", "en"]
-    assert harness.main(documents, [*flags, "--beam", "1", "--count", "4"]) == 0
-    out = capsys.readouterr().out
-    for row in ("| unsplit |", "| split |", "| one by one |", "| de | 0 |", "| en | 0 |"):
-        assert row in out, out

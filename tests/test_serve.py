@@ -312,17 +312,17 @@ def test_load_script_finds_every_answer_matches_its_request(server: str, tmp_pat
     assert calls > 24 + sum(level["batches"] for level in levels)  # 24: the references
 
 
-def test_load_script_in_process_mode_loses_no_answer_and_sits_beside_offline(
+def test_load_script_starts_the_server_loses_no_answer_and_sits_beside_offline(
     run_dir: Path, tmp_path: Path
 ) -> None:
-    """load_server's `in-process` mode (serve.py's model and batcher in the script's own
-    process, no HTTP): at 1 and 6 clients, greedy (the stream) and beam 3, every answer is its
-    sentence's reference, and the table sets it beside offline translate.py."""
+    """load_server with -c (serve.py started by the script, exit 0 on SIGTERM): at 1 and 6
+    clients, greedy (the stream) and beam 3, every answer is its sentence's reference, and the
+    table sets it beside offline translate.py."""
     sentences = tmp_path / "src.txt"
     sentences.write_text("\n".join(SOURCES[:12]) + "\n", encoding="utf-8")
     out = tmp_path / "levels.json"
     cmd = [sys.executable, "-m", "benchmarks.load_server", "-c", str(run_dir), "--input"]
-    cmd += [str(sentences), "--modes", "in-process", "--clients", "1,6", "--beam", "1,3"]
+    cmd += [str(sentences), "--modes", "batching", "--clients", "1,6", "--beam", "1,3"]
     cmd += ["--offline", "--no-warm", "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -330,10 +330,10 @@ def test_load_script_in_process_mode_loses_no_answer_and_sits_beside_offline(
     assert [(lv["beam"], lv["clients"]) for lv in levels] == [(1, 1), (1, 6), (3, 1), (3, 6)]
     for level in levels:
         assert (level["sentences"], level["mismatched"], level["errors"]) == (12, 0, 0)
-        assert level["mode"].startswith("in-process") and level["offline"] > 0
-        assert level["batches"] > 0  # the batcher's own count of model calls
+        assert level["mode"].startswith("batching") and level["offline"] > 0
+        assert level["batches"] > 0  # the server's own count of model calls
     assert "server against offline translate.py" in done.stdout
-    assert "| in-process | 3 | 6 |" in done.stdout  # a row per mode, beam and client count
+    assert "| batching | 3 | 6 |" in done.stdout  # a row per mode, beam and client count
     assert f"code: {ROOT.resolve()} at " in done.stdout  # the tree it timed, for A/Bs
 
 
