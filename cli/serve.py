@@ -182,7 +182,7 @@ def serve_options(args: argparse.Namespace, defaults: SearchConfig) -> ServeOpti
     """The flags as `ServeOptions`; `defaults`: the search flags' (`search_from_flags`)."""
     model = ModelProcessOptions(
         args.device, args.precision, args.quantize, getattr(args, "given", frozenset()),
-        args.max_beam, args.max_queue, args.batch_wait_ms, args.no_batching, PROG,
+        args.max_beam, args.max_queue, args.batch_wait_ms, args.no_batching, PROG, args.pack,
     )  # fmt: skip
     limits = Limits(
         args.max_sentences, args.max_chars, args.max_beam, args.max_output_tokens,

@@ -89,7 +89,7 @@ def add_search_flags(parser: argparse.ArgumentParser, nbest_help: str | None = N
 
 
 def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
-    """`--device`, `--precision`, `--quantize`: where and how the model runs (translate.py and
+    """`--device`, `--precision`, `--quantize`, `--pack`: where and how the model runs (translate.py and
     serve.py; `load_model` reads them)."""
     add = parser.add_argument
     add(
@@ -113,6 +113,14 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
         default="none",
         help="int8: dynamic int8 quantization of every linear layer (torch.ao), CPU only "
         "(default: none)",
+    )
+    add(
+        "--pack",
+        default="auto",
+        metavar="GROUPS",
+        help="CPU linear layers on oneDNN's pre-packed weights: auto (the groups that ran "
+        "faster packed when timed on this CPU for this model's shapes, remembered in the user "
+        "cache), off, all, or a comma list of generator, decoder, encoder, bf16 (default: auto)",
     )
 
 
@@ -305,7 +313,7 @@ def runtime_options(args: argparse.Namespace, prog: str) -> RuntimeOptions:
     from attnmt.engine.runs import RuntimeOptions
 
     given = getattr(args, "given", frozenset())
-    return RuntimeOptions(args.device, args.precision, args.quantize, given, prog)
+    return RuntimeOptions(args.device, args.precision, args.quantize, given, prog, args.pack)
 
 
 def run(args: argparse.Namespace) -> None:

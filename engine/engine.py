@@ -14,17 +14,12 @@ the model, and adds:
   masked by score biases added inside the matmul (`baddbmm`);
 - with `quantize="int8"`, int8 linear layers (`engine.int8`): the encoder and `decoder_step`
   on copies of the model's linear layers, quantized;
-- in float32 on AMD CPUs, the output projection on oneDNN's pre-packed weight (`PackedLinear`,
-  what Inductor's freezing gives a linear layer with a dynamic row count): its shape, a few
-  rows against 8k-58k outputs, is where MKL's sgemm behind `F.linear` is weakest there. In
-  models at least `PACKED_DECODER_WIDTH` wide the decoder's linear layers are packed too, and
-  every search runs `decoder_step` on them. Timing decided both (docs/benchmarks.md, "The
-  output projection packed", "The decoder's layers packed"). The engine packs copies of the weights when it is built: build a new engine
-  after the weights change (validation does, each time);
-- under bf16 autocast on those CPUs, where oneDNN has bf16, every linear layer (the
-  encoder's too) on a packed bf16 copy, and every search on the engine's encoder and
-  one-token step: autocast cast each weight at every call (`benchmark --precision bf16
-  --unpacked`; docs/benchmarks.md, "bf16 on packed weights").
+- on the CPU, linear layers on oneDNN's pre-packed weights (`PackedLinear`, what Inductor's
+  freezing gives a linear layer with a dynamic row count), in the groups that timing them here
+  chose (`engine.packing`): the output projection, the decoder's layers (then every search runs
+  `decoder_step` on them), the encoder's, and under bf16 autocast every layer's bf16 copy
+  (autocast casts each weight at every call otherwise). The engine packs copies of the weights
+  when it is built: build a new engine after the weights change (validation does, each time).
 Otherwise, in float32, `encode` and `decode` are the model's layers, on its `KVCache`.
 
 A path stays only where timing it against the same decoder without it on real sentences
@@ -50,6 +45,7 @@ from attnmt.decoding.search import Hypothesis, SpecialTokens
 from attnmt.engine.cache import StepCache, StepKVCache
 from attnmt.engine.continuous import continuous_greedy_search
 from attnmt.engine.int8 import quantize_linears
+from attnmt.engine.packing import Packing, bf16_packing_runs, choose
 from attnmt.model.attention import attention, padding_mask, split_heads
 from attnmt.model.layers import rows_per_sentence
 from attnmt.model.transformer import AttentionMaps, Transformer
@@ -82,14 +78,12 @@ class Engine(nn.Module):
         model: the trained model, on the device the engine runs on. It is not changed; the
             engine uses its parameters (int8 quantizes copies of them).
         quantize: "none" or "int8" (dynamic int8 linear layers, CPU only).
-        pack: on the CPU only: True runs the output projection and the decoder's linear layers
-            on oneDNN's pre-packed float32 weights (`PackedLinear`), and every search on the
-            one-token step; under bf16 autocast, every linear layer (the encoder's too) on
-            packed bf16 copies, and every search on the engine's encoder and one-token step
-            (where oneDNN has bf16 on this CPU: `bf16_packing_runs`); False none of it. None:
-            what paid, on AMD CPUs only (`packing_pays`): the float32 output projection, the
-            float32 decoder's layers too in models at least `PACKED_DECODER_WIDTH` wide, and
-            bf16 everywhere. The bf16 copies take half the float32 weights' memory again.
+        pack: on the CPU only, which linear layers run on oneDNN's packed weights: a
+            `Packing`, True (every group), False (none), or None: the groups that paid when
+            timed on this CPU for this model's shapes (`engine.packing.choose`, remembered in
+            the user cache). A search runs the engine's one-token step on packed decoder
+            layers; bf16 copies (under bf16 autocast, where oneDNN has bf16 on this CPU) take
+            half the float32 weights' memory again.
 
     Decoding runs as in eval mode (no dropout), whatever the model's mode.
 
@@ -99,7 +93,7 @@ class Engine(nn.Module):
     """
 
     def __init__(
-        self, model: Transformer, quantize: str = "none", pack: bool | None = None
+        self, model: Transformer, quantize: str = "none", pack: bool | Packing | None = None
     ) -> None:
         super().__init__()
         if quantize not in ("none", "int8"):
@@ -109,34 +103,37 @@ class Engine(nn.Module):
             raise ValueError(
                 f"int8 dynamic quantization runs on the CPU only, the model is on {device}"
             )
-        if pack and (quantize != "none" or device.type != "cpu"):
-            raise ValueError("pack=True packs CPU layers: not with int8 or on another device")
-        if pack is None:  # what paid: see the class docstring
-            pack = quantize == "none" and device.type == "cpu" and packing_pays()
-            pack_decoder = pack and model.cfg.d_model >= PACKED_DECODER_WIDTH
-        else:
-            pack_decoder = pack
+        if isinstance(pack, bool):
+            pack = Packing(*[pack] * 4)
+        if pack is None:  # what pays here, timed (`engine.packing`)
+            cpu = quantize == "none" and device.type == "cpu"
+            cfg = model.cfg
+            pack = choose(cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size) if cpu else Packing()
+        if pack != Packing() and (quantize != "none" or device.type != "cpu"):
+            raise ValueError("pack packs CPU layers: not with int8 or on another device")
         self.model = model
         self.cfg = model.cfg  # the model's shape, as `Transformer.cfg`
+        self.packing = pack
         self.int8 = quantize == "int8"
         # every linear layer on a bf16 copy under bf16 autocast, where oneDNN has bf16 here
-        self.pack_bf16 = pack and bf16_packing_runs()
-        self.pack_decoder = pack_decoder
+        self.pack_bf16 = pack.bf16 and bf16_packing_runs()
+        self.pack_decoder, self.pack_encoder = pack.decoder, pack.encoder
         # int8 scales activations per batch: a row's output would depend on the rows beside it
         self.continuous_batching = not self.int8  # see `decoding.search.ContinuousGreedy`
         prepare = _copy if self.int8 else _shared
-        encoder_prepare = partial(PackedLinear, fp32=False) if self.pack_bf16 else prepare
-        self.encoder_linears = nn.ModuleList(  # int8's and bf16's encoder (else the model's)
-            _encoder_linears(layer, encoder_prepare) for layer in model.encoder.layers
+
+        def packed(fp32: bool) -> Prepare:
+            if not (fp32 or self.pack_bf16):
+                return prepare
+            return partial(PackedLinear, fp32=fp32, bf16=self.pack_bf16)
+
+        self.encoder_linears = nn.ModuleList(  # int8's and the packed encoder (else the model's)
+            _encoder_linears(layer, packed(pack.encoder)) for layer in model.encoder.layers
         )
-        packed = partial(PackedLinear, fp32=pack_decoder, bf16=self.pack_bf16)
-        decoder_prepare = packed if pack_decoder or self.pack_bf16 else prepare
         self.decoder_linears = nn.ModuleList(
-            _decoder_linears(layer, decoder_prepare) for layer in model.decoder.layers
+            _decoder_linears(layer, packed(pack.decoder)) for layer in model.decoder.layers
         )
-        self.generator = (
-            PackedLinear(model.generator, bf16=self.pack_bf16) if pack else prepare(model.generator)
-        )
+        self.generator = packed(pack.generator)(model.generator)
         if self.int8:
             linears = nn.ModuleList([self.encoder_linears, self.decoder_linears, self.generator])
             quantize_linears(linears)  # swaps the layers inside these containers
@@ -150,7 +147,7 @@ class Engine(nn.Module):
         bf16 copies under bf16 autocast (`bf16_packed`)."""
         if src_mask is None:
             src_mask = padding_mask(src_ids, self.model.cfg.pad_id)
-        if not (self.int8 or self.bf16_packed):
+        if not (self.int8 or self.bf16_packed or self.fp32_encoder_packed):
             return self.model.encode(src_ids, src_mask)
         x = self.model.embed_source(src_ids)  # (B, S, D)
         mask = src_mask[:, None, None, :]  # (B, 1, 1, S)
@@ -180,8 +177,13 @@ class Engine(nn.Module):
 
     @property
     def packed(self) -> bool:
-        """Whether the output projection runs on oneDNN's packed weight (`PackedLinear`)."""
-        return isinstance(self.generator, PackedLinear)
+        """Whether the float32 output projection runs on oneDNN's packed weight."""
+        return isinstance(self.generator, PackedLinear) and self.generator.packed is not None
+
+    @property
+    def fp32_encoder_packed(self) -> bool:
+        """Whether the encoder runs on its packed float32 copies now (outside autocast)."""
+        return self.pack_encoder and not torch.is_autocast_enabled("cpu")
 
     @property
     def bf16_packed(self) -> bool:
@@ -343,32 +345,6 @@ class Engine(nn.Module):
 # ------------------------------------------------------------------ the engine's linear layers
 
 
-# The decoder's layers are packed (on AMD CPUs) in models at least this wide: packing them paid
-# at 512 (OPUS-MT's shape), not at 256 (`tiny`) (docs/benchmarks.md, "The decoder's layers
-# packed").
-PACKED_DECODER_WIDTH = 512
-
-
-def packing_pays(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the output projection runs on oneDNN's packed weight here: this torch has it, and
-    the CPU is an AMD one, where it paid (module docstring). On Intel CPUs MKL is tuned: packing
-    every linear layer cost time on an Intel CPU with AMX (docs/benchmarks.md, "The engine, path
-    by path"), so they keep `F.linear`."""
-    if not (
-        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    ):
-        return False
-    try:
-        with open(cpuinfo) as f:
-            return any(
-                line.split(":")[-1].strip() == "AuthenticAMD"
-                for line in f
-                if line.startswith("vendor_id")
-            )
-    except OSError:  # not Linux
-        return False
-
-
 class PackedLinear(nn.Module):
     """A CPU linear layer on copies of its weight pre-packed for oneDNN. Float32 inputs outside
     autocast take the float32 copy (`fp32`; without it, the layer's own `F.linear`); under
@@ -413,13 +389,6 @@ class PackedLinear(nn.Module):
 
 
 _PACKING = threading.Lock()  # module-level: a layer stays deep-copyable and picklable
-
-
-def bf16_packing_runs() -> bool:
-    """Whether oneDNN packs bf16 weights on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT, and
-    not capped below them by `ONEDNN_MAX_CPU_ISA`)."""
-    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return supported is not None and bool(supported())
 
 
 def bf16_autocast() -> bool:

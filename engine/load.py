@@ -13,13 +13,14 @@ from attnmt.checkpoint import CheckpointError, load_for_inference
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding.ensemble import Ensemble
 from attnmt.engine.engine import Engine
+from attnmt.engine.packing import Packing
 
 
 def load_engine(
     paths: Sequence[str | Path],
     device: str | torch.device = "cpu",
     quantize: str = "none",
-    pack: bool | None = None,
+    pack: bool | Packing | None = None,
 ) -> tuple[nn.Module, Tokenizer]:
     """Checkpoints or run dirs -> (an `Engine` on `device`, or an `Ensemble` of several; their
     tokenizer). `quantize="int8"` gives each engine int8 linear layers (CPU only); `pack` is

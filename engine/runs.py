@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from attnmt.common.errors import UserError
 from attnmt.decoding.config import RunDecoding, SearchConfig
+
+if TYPE_CHECKING:
+    from attnmt.engine.packing import Packing
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class RuntimeOptions:
     quantize: str = "none"  # none | int8
     given: frozenset[str] = frozenset()
     prog: str = "attnmt"
+    pack: str = "auto"  # auto | off | all | a comma list of `engine.packing.GROUPS`
 
 
 class LoadedRun(NamedTuple):
@@ -73,14 +77,29 @@ def load_model(runtime: RuntimeOptions, checkpoints: list[str]) -> tuple:
     device = torch_runtime.resolve_device(runtime.device, "--device", strict_auto=False).type
     check_quantize(runtime.quantize, device, runtime.precision)
     torch_runtime.check_autocast(device, runtime.precision, "--precision")
+    pack = check_pack(runtime.pack, device, runtime.quantize)
 
     from attnmt.common.memory import keep_freed_memory
     from attnmt.engine.load import load_engine
 
     if device == "cpu":  # the device type: "cpu" or "cuda"
         keep_freed_memory()  # search steps reuse freed blocks instead of page-faulting
-    model, tokenizer = load_engine(checkpoints, device, runtime.quantize)
+    model, tokenizer = load_engine(checkpoints, device, runtime.quantize, pack)
     return model, tokenizer, device
+
+
+def check_pack(text: str, device: str, quantize: str) -> Packing | None:
+    """`--pack` as the engine takes it (None: timed here); packing is for float32 CPU layers."""
+    from attnmt.engine.packing import Packing
+
+    try:
+        pack = Packing.parse(text)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if pack not in (None, Packing()) and (device != "cpu" or quantize != "none"):
+        where = "--quantize int8" if quantize != "none" else f"--device {device}"
+        raise UserError(f"--pack {text} packs float32 CPU layers, not with {where}; drop --pack")
+    return pack
 
 
 def check_quantize(quantize: str, device: str, precision: str) -> None:
@@ -192,7 +211,7 @@ def warn_emulated_bf16(device: str, precision: str, prog: str) -> None:
     """One line on stderr where bf16 would run emulated: a CPU whose oneDNN has no bf16 (no
     AVX-512, or capped below it), several times slower there (docs/benchmarks.md, "bf16 on
     packed weights")."""
-    from attnmt.engine.engine import bf16_packing_runs
+    from attnmt.engine.packing import bf16_packing_runs
 
     if device == "cpu" and precision == "bf16" and not bf16_packing_runs():
         print(

@@ -45,11 +45,14 @@ class ModelProcessOptions:
     batch_wait_ms: float = 5.0
     no_batching: bool = False
     prog: str = "serve.py"
+    pack: str = "auto"
 
     def runtime(self) -> RuntimeOptions:
         from attnmt.engine.runs import RuntimeOptions
 
-        return RuntimeOptions(self.device, self.precision, self.quantize, self.given, self.prog)
+        return RuntimeOptions(
+            self.device, self.precision, self.quantize, self.given, self.prog, self.pack
+        )
 
 
 @dataclass(frozen=True)

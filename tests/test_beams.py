@@ -15,7 +15,7 @@ from attnmt.decoding.search import SearchConfig, beam_search
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
 from attnmt.engine.beams import BeamStream, continuous_beam_search
-from attnmt.engine.engine import bf16_packing_runs
+from attnmt.engine.packing import bf16_packing_runs
 from attnmt.engine.requests import RequestStream
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_continuous import feed_between_steps, sources

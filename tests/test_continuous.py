@@ -18,7 +18,7 @@ from attnmt.engine import Engine
 from attnmt.engine.beams import BeamStream
 from attnmt.engine.cache import WIDTH_STEP, SlotCache, SlotStep, width
 from attnmt.engine.continuous import GreedyStream, continuous_greedy_search
-from attnmt.engine.engine import bf16_packing_runs
+from attnmt.engine.packing import bf16_packing_runs
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, single_thread
 from tests.test_search import assert_same_results
 

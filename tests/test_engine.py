@@ -9,16 +9,20 @@ Legend: B batch, S src len, T tgt len, V vocab.
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 import torch
 
 from attnmt.decoding.config import SearchConfig
 from attnmt.decoding.scoring import score_batch
 from attnmt.decoding.search import beam_search, greedy_search
-from attnmt.engine import Engine
+from attnmt.engine import Engine, packing
 from attnmt.engine import engine as engine_module
 from attnmt.engine.cache import StepKVCache
-from attnmt.engine.engine import PackedLinear, bf16_packing_runs, packing_pays
+from attnmt.engine.engine import PackedLinear
+from attnmt.engine.packing import Packing, bf16_packing_runs
 from attnmt.model import padding_mask
 from tests.helpers_decoding import SEARCH_MODEL, SPECIAL, StepEngine, random_sources
 
@@ -80,15 +84,48 @@ def test_engine_refuses_what_it_cannot_do(tiny_model) -> None:
         Engine(tiny_model(seed=0), quantize="int4")
 
 
-def test_packing_is_chosen_on_amd_cpus_only(tmp_path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    for vendor, packs in [
-        ("AuthenticAMD", torch.backends.mkldnn.is_available()),
-        ("GenuineIntel", False),
-    ]:
-        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n")
-        assert packing_pays(str(cpuinfo)) == packs
-    assert not packing_pays(str(tmp_path / "absent"))
+def test_pack_flag_values_parse_into_groups() -> None:
+    assert Packing.parse("auto") is None
+    assert Packing.parse("off") == Packing()
+    assert Packing.parse("all") == Packing(True, True, True, True)
+    assert Packing.parse("generator,encoder") == Packing(generator=True, encoder=True)
+    with pytest.raises(ValueError, match="unknown decoders; use auto, off, all"):
+        Packing.parse("generator,decoders")
+
+
+@pytest.mark.skipif(not packing.packing_runs(), reason="torch built without oneDNN's packed linear")
+def test_packing_is_chosen_by_timing_and_remembered(tmp_path, monkeypatch) -> None:
+    """A group is packed where its packed matmuls took less than `PAYS` of the unpacked ones'
+    time; the choice is stored under the CPU, torch, threads and shapes and read, not timed,
+    the next time; other shapes are timed again."""
+    timed = []
+
+    def fake_time(shapes, bf16=False):  # (unpacked s, packed s) per group, by the out width
+        timed.append(shapes)
+        return {48: (1.0, 0.5), 16: (1.0, 0.96)}.get(shapes[0][2], (1.0, 2.0))
+
+    monkeypatch.setattr(packing, "time_group", fake_time)
+    monkeypatch.setattr(packing, "bf16_packing_runs", lambda: False)
+    cache = tmp_path / "packing.json"
+    got = packing.choose(16, 64, 48, cache)  # generator out 48: pays; decoder (48 = 3D): pays
+    assert got == Packing(generator=True, decoder=True, encoder=True)
+    assert len(timed) == 3  # generator, decoder, encoder (no bf16 on this CPU)
+    assert packing.choose(16, 64, 48, cache) == got and len(timed) == 3  # read, not timed
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry["packed"] == {"generator": True, "decoder": True, "encoder": True}
+    assert packing.choose(16, 64, 16, cache) == Packing(decoder=True, encoder=True)
+    assert len(timed) == 6  # other shapes: timed; 0.96 of the time is noise, not a gain
+
+
+@pytest.mark.skipif(not packing.packing_runs(), reason="torch built without oneDNN's packed linear")
+def test_timing_a_group_stays_within_its_budget() -> None:
+    """The real timer on a model's shapes: positive medians, within the budget's quarter (plus
+    the warm-up and one last pair of passes, at these sizes well under a second)."""
+    shapes = packing.layer_shapes(32, 64, 100)
+    start = time.perf_counter()
+    plain, packed = packing.time_group(shapes["decoder"])
+    assert plain > 0 and packed > 0
+    assert time.perf_counter() - start < 1.0
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
@@ -195,7 +232,7 @@ def test_the_caches_decide_the_decoder_path_whatever_the_autocast(tiny_model) ->
     model's `KVCache` the model's layers) with the same logits as in the state that made
     them."""
     model = tiny_model(seed=1, **SEARCH_MODEL).eval()
-    engine = Engine(model)  # on AMD CPUs: packed, the model's own decoder layers in float32
+    engine = Engine(model, pack=Packing(generator=True, bf16=True))  # the model's decoder layers in float32
     src = random_sources(LENGTHS["short"], seed=2)
     src_mask = padding_mask(src, SPECIAL.pad)
     tgt = torch.full((src.size(0), 1), 2)
@@ -214,23 +251,30 @@ def test_the_caches_decide_the_decoder_path_whatever_the_autocast(tiny_model) ->
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-def test_packing_follows_the_cpu_and_the_width(tiny_model, monkeypatch) -> None:
-    """On AMD CPUs the output projection is packed, and the decoder's layers too (searches on
-    the one-token step) in models at least `PACKED_DECODER_WIDTH` wide; int8 and pack=False
-    pack nothing."""
-    model = tiny_model(seed=0)
-    monkeypatch.setattr(engine_module, "packing_pays", lambda: False)
-    assert not Engine(model).packed
-    monkeypatch.setattr(engine_module, "packing_pays", lambda: True)
+def test_the_engine_packs_the_groups_chosen(tiny_model, monkeypatch) -> None:
+    """pack=None packs what `packing.choose` says for the model's shapes: the output projection
+    alone keeps the model's layers; packed decoder layers put searches on the one-token step;
+    a packed encoder encodes on its packed copies, the model's memory up to float rounding;
+    int8 and pack=False pack nothing."""
+    model = tiny_model(seed=0).eval()
+    asked = []
+    choice = Packing(generator=True)
+    monkeypatch.setattr(engine_module, "choose", lambda *shape: asked.append(shape) or choice)
     narrow = Engine(model)
+    assert asked == [(model.cfg.d_model, model.cfg.d_ff, model.cfg.tgt_vocab_size)]
     assert narrow.packed and not narrow.own_decoder
     assert not any(isinstance(c, StepKVCache) for c in narrow.new_caches())  # the model's
-    monkeypatch.setattr(engine_module, "PACKED_DECODER_WIDTH", model.cfg.d_model)
+    choice = Packing(decoder=True, encoder=True)
     wide = Engine(model)
-    assert wide.packed and wide.own_decoder
+    assert not wide.packed and wide.own_decoder
     assert isinstance(wide.decoder_linears[0]["cross_q"], PackedLinear)
+    assert isinstance(wide.encoder_linears[0]["ff1"], PackedLinear)
+    src = random_sources(LENGTHS["long"], seed=2)
+    with torch.no_grad():
+        torch.testing.assert_close(wide.encode(src), model.encode(src), atol=1e-5, rtol=1e-4)
     for engine in (Engine(model, quantize="int8"), Engine(model, pack=False)):
         assert not engine.packed
         assert not any(isinstance(m, PackedLinear) for m in engine.modules())
+    assert len(asked) == 2  # int8 and pack=False time nothing
     with pytest.raises(ValueError, match="not with int8"):
         Engine(model, quantize="int8", pack=True)

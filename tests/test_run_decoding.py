@@ -135,7 +135,7 @@ def test_serve_py_answers_a_request_without_options_as_translate_py_does(run: Pa
 def test_bf16_on_a_cpu_whose_onednn_lacks_it_says_so_once_and_fp32_does_not(run: Path):
     """Capped to AVX2 (oneDNN without bf16), the run's bf16 decoding warns once on stderr,
     naming the flag; fp32 there, or bf16 where oneDNN has it, says nothing."""
-    from attnmt.engine.engine import bf16_packing_runs
+    from attnmt.engine.packing import bf16_packing_runs
 
     capped = {**ENV, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     warned = translate(run, "--input", str(SRC), env=capped)
@@ -155,10 +155,10 @@ def test_serve_py_warns_of_emulated_bf16_under_its_own_name(
     """serve.py (and distill.py) take the run's decoding through `run_decoding`, whose warning
     names the program that runs it."""
     from attnmt.cli import serve
-    from attnmt.engine import engine
+    from attnmt.engine import packing
     from attnmt.engine.runs import run_decoding
 
-    monkeypatch.setattr(engine, "bf16_packing_runs", lambda: False)
+    monkeypatch.setattr(packing, "bf16_packing_runs", lambda: False)
     args = serve.build_parser().parse_args(["-c", str(run)])
     options = serve.serve_options(args, serve.search_from_flags(args))
     cfg, precision, recorded = run_decoding(

@@ -302,6 +302,34 @@ def test_unsupported_precision_is_one_line(
     assert_one_line_error(err, "--precision fp16", "--precision fp32")
 
 
+@pytest.mark.parametrize(
+    ("flags", "named", "fix"),
+    [
+        (["--pack", "generator,decoders"], "unknown decoders", "use auto, off, all"),
+        (["--pack", "all", "--quantize", "int8"], "--pack all", "drop --pack"),
+    ],
+)
+def test_bad_pack_is_one_line(
+    capsys: pytest.CaptureFixture, checkpoint: Path, flags: list[str], named: str, fix: str
+) -> None:
+    status, out, err = call_main(capsys, "-c", str(checkpoint), *flags, "a")
+    assert status != 0 and out == ""
+    assert_one_line_error(err, named, fix)
+
+
+def test_forced_packing_gives_the_same_translations(
+    capsys: pytest.CaptureFixture, checkpoint: Path
+) -> None:
+    """--pack off and --pack all (every group packed: searches on the one-token step) translate
+    as the timed choice does."""
+    outs = []
+    for pack in ("auto", "off", "all"):
+        status, out, err = call_main(capsys, "-c", str(checkpoint), "--pack", pack, *INPUTS)
+        assert status == 0, err
+        outs.append(out)
+    assert outs[0] == outs[1] == outs[2] and outs[0].strip()
+
+
 def test_search_flags_follow_search_config(capsys: pytest.CaptureFixture) -> None:
     """Every SearchConfig field is a flag with the dataclass's default; --lp-type reaches it."""
     args = cli.build_parser().parse_args(["-c", "x"])
