@@ -31,6 +31,7 @@ from tests.helpers_decoding import (
     tiny_tokenizer,
 )
 
+
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     with single_thread():
