@@ -232,7 +232,7 @@ def test_the_caches_decide_the_decoder_path_whatever_the_autocast(tiny_model) ->
     model's `KVCache` the model's layers) with the same logits as in the state that made
     them."""
     model = tiny_model(seed=1, **SEARCH_MODEL).eval()
-    engine = Engine(model, pack=Packing(generator=True, bf16=True))  # the model's decoder layers in float32
+    engine = Engine(model, pack=Packing(generator=True, bf16=True))  # the model's own decoder
     src = random_sources(LENGTHS["short"], seed=2)
     src_mask = padding_mask(src, SPECIAL.pad)
     tgt = torch.full((src.size(0), 1), 2)
