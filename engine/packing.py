@@ -6,7 +6,7 @@ every layer's bf16 copy) is packed only where its packed matmuls took less than 
 unpacked ones' time (`F.linear` on MKL, or autocast casting the weight at each call) at the
 rows a search gives them: 64 decoder rows a step (translate.py's batch), 64 sentences of 16
 tokens through the encoder. Both are timed interleaved on random weights of the model's
-shapes; each group gets at most `BUDGET_S / 4` seconds. The choice is stored in
+shapes, all groups together in about `BUDGET_S` seconds. The choice is stored in
 `$ATTNMT_CACHE/packing.json` (else `~/.cache/attnmt/`), keyed by the CPU model, the instruction
 sets the environment caps, torch's version, the thread count and the shapes, so a later
 process reads it instead of timing again. Why time instead of a rule: whether a group pays
@@ -104,8 +104,10 @@ def choose(d_model: int, d_ff: int, vocab: int, cache: Path | None = None) -> Pa
     known = _read(path)
     if key in known:
         return Packing(**known[key]["packed"])
-    start = time.perf_counter()
-    timed = {g: time_group(s, bf16=g == "bf16") for g, s in shapes.items()}
+    start, timed = time.perf_counter(), {}
+    for i, (group, group_shapes) in enumerate(shapes.items()):  # the budget left, shared out
+        share = (start + BUDGET_S - time.perf_counter()) / (len(shapes) - i)
+        timed[group] = time_group(group_shapes, group == "bf16", share)
     packed = {g: packed_s < PAYS * plain_s for g, (plain_s, packed_s) in timed.items()}
     took = time.perf_counter() - start
     log.info("packed linear layers: %s (timed in %.2f s: %s)", packed, took, timed)
@@ -115,21 +117,25 @@ def choose(d_model: int, d_ff: int, vocab: int, cache: Path | None = None) -> Pa
     return Packing(**packed)
 
 
-def time_group(shapes: list[tuple[int, int, int]], bf16: bool = False) -> tuple[float, float]:
+def time_group(
+    shapes: list[tuple[int, int, int]], bf16: bool = False, budget_s: float = BUDGET_S / 4
+) -> tuple[float, float]:
     """Median seconds of one pass over `shapes`' matmuls unpacked and packed, alternated, on
-    random weights, within `BUDGET_S / 4` (at least 3 pairs, at most 50)."""
+    random weights, within `budget_s` with the warm-up pair (at least 2 pairs, at most 50)."""
+    deadline = time.perf_counter() + budget_s
     with torch.inference_mode():
         layers = [_layer(rows, n_in, n_out, bf16) for rows, n_in, n_out in shapes]
         plain = lambda: [_plain(x, w, b, bf16) for x, w, b, _ in layers]  # noqa: E731
         packed = lambda: [_packed(x, p, b) for x, _, b, p in layers]  # noqa: E731
         plain(), packed()  # warm-up: oneDNN builds its kernels at the first call
         times: tuple[list[float], list[float]] = ([], [])
-        deadline = time.perf_counter() + BUDGET_S / 4
-        while len(times[0]) < 50 and (len(times[0]) < 3 or time.perf_counter() < deadline):
+        pair = 0.0  # the last pair's seconds: a pair starts only if it should end in time
+        while len(times[0]) < 50 and (len(times[0]) < 2 or time.perf_counter() + pair < deadline):
             for run, into in ((plain, times[0]), (packed, times[1])):
                 start = time.perf_counter()
                 run()
                 into.append(time.perf_counter() - start)
+            pair = times[0][-1] + times[1][-1]
     return statistics.median(times[0]), statistics.median(times[1])
 
 

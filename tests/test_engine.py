@@ -100,7 +100,7 @@ def test_packing_is_chosen_by_timing_and_remembered(tmp_path, monkeypatch) -> No
     the next time; other shapes are timed again."""
     timed = []
 
-    def fake_time(shapes, bf16=False):  # (unpacked s, packed s) per group, by the out width
+    def fake_time(shapes, bf16=False, budget_s=0.1):  # (unpacked, packed) s by the out width
         timed.append(shapes)
         return {48: (1.0, 0.5), 16: (1.0, 0.96)}.get(shapes[0][2], (1.0, 2.0))
 
