@@ -92,6 +92,8 @@ def annotation_config(values: dict | None) -> TermAnnotation:
     cfg = TermAnnotation(**values)
     if cfg.mode not in MODES:
         raise DataError(f"{KEY}.mode={cfg.mode} is not one of {'|'.join(MODES)}")
+    if cfg.terms is not None and not isinstance(cfg.terms, str):
+        raise DataError(f"{KEY}.terms={cfg.terms} must be the path of a TSV file, or null")
     number = (int, float)
     if not isinstance(cfg.rate, number) or not 0.0 <= cfg.rate <= 1.0:
         raise DataError(

@@ -120,6 +120,8 @@ def test_markers_are_one_id_each_anywhere_in_a_text(tmp_path):
         ({"rate": -0.1}, "data.term_annotation.rate=-0.1 must be in [0, 1]"),
         ({"modes": "append"}, "unknown key(s) data.term_annotation.modes; valid keys: mode"),
         ({"min_count": 0}, "data.term_annotation.min_count=0 must be a whole number >= 1"),
+        ({"terms": 3}, "data.term_annotation.terms=3 must be the path of a TSV file, or null"),
+        ({"rate": "half"}, "data.term_annotation.rate=half must be in [0, 1]"),
     ],
 )
 def test_bad_settings_name_the_key_and_the_fix(values, message):
@@ -237,3 +239,22 @@ def test_a_learnt_dictionary_is_logged_and_used(tmp_path, caplog):
     assert "Der <r> dog </t> bellt laut." in data.train["src"]
     assert annotation_mode(data.tokenizer.tags) == "replace"
     assert Path(tmp_path / "run" / "spm.model").is_file()
+
+
+def test_a_rerun_annotates_the_same_training_sources(tmp_path):
+    """Fresh caches each time, as a resume on another machine would have: the same draws."""
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("Mann\tman\nHund\tdog\n", encoding="utf-8")
+
+    def sources(name: str, seed: int) -> list[str]:
+        overrides = [
+            f"data.term_annotation.{k}={v}" for k, v in (("mode", "append"), ("rate", 0.5))
+        ]
+        overrides += [f"data.term_annotation.terms={terms}", f"data.term_annotation.seed={seed}"]
+        cfg = Configs.from_hydra(toy_cfg(tmp_path / name, *overrides))
+        return build.load_data(cfg, tmp_path / name / "run").train["src"]
+
+    first = sources("a", 1)
+    annotated = sum("<t>" in src for src in first)
+    assert 0 < annotated < 11  # of the 11 sources with a match
+    assert sources("b", 1) == first and sources("c", 2) != first
