@@ -36,6 +36,8 @@ from tqdm import tqdm
 
 from attnmt.common.files import atomic_write
 from attnmt.data.errors import DataError
+from attnmt.data.glossary import Glossary
+from attnmt.data.terms import TermAnnotation, annotate_pair, dictionary_glossary, learn_dictionary
 from attnmt.data.tokenizer import Tokenizer, check_tag
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,9 @@ class DataConfig:
             (concatenated); required.
         test_from: With ``corpora``: the corpora whose ``test_splits`` are scored, each as
             ``<corpus>.<split>``; None: the ``valid_from`` corpora.
+        term_annotation: Source terms annotated inline with their target terms in the
+            training split (:class:`attnmt.data.terms.TermAnnotation`: ``mode``, ``terms``,
+            ``rate``, ...); empty or ``mode: none``: off.
     """
 
     dir: str | None = None
@@ -116,6 +121,7 @@ class DataConfig:
     corpora: dict[str, dict] = field(default_factory=dict)
     valid_from: list[str] = field(default_factory=list)
     test_from: list[str] | None = None
+    term_annotation: dict = field(default_factory=dict)
 
 
 # The keys a corpus of ``data.corpora`` may set besides weight and tag: where its text is.
@@ -212,6 +218,79 @@ def tag_sources(ds: datasets.Dataset, tag: str | None, cfg: DataConfig) -> datas
 
 def _prepend(srcs: list[str], tag: str) -> dict[str, list[str]]:
     return {"src": [f"{tag} {src}" for src in srcs]}
+
+
+def annotate_terms(
+    ds: datasets.Dataset, cfg: DataConfig, terms: TermAnnotation, given: Glossary | None
+) -> datasets.Dataset:
+    """The training pairs ``ds`` with their source terms annotated (cached; ``ds`` itself when
+    ``terms.mode`` is ``none``): the terms of ``given`` (``terms.terms``), else a dictionary
+    learnt from ``ds``, whose size and first pairs are logged, as are the sources annotated."""
+    if terms.mode == "none":
+        return ds
+    glossary = given
+    if glossary is None:
+        pairs = ds.select_columns(["src", "tgt"]).iter(batch_size=_WRITE_BATCH)
+        learnt = learn_dictionary(
+            ((s, t) for batch in pairs for s, t in zip(batch["src"], batch["tgt"], strict=True)),
+            terms,
+        )
+        examples = ", ".join(f"{p.source} -> {p.target} ({p.dice:.2f})" for p in learnt[:8])
+        log.info(
+            "term annotation: learnt %d dictionary pairs from the training pairs (min_count %d, "
+            "min_dice %g, stop_words %d)%s",
+            len(learnt),
+            terms.min_count,
+            terms.min_dice,
+            terms.stop_words,
+            f", e.g. {examples}" if learnt else "",
+        )
+        glossary = dictionary_glossary(learnt)
+    listed = sorted((t.source, t.target) for t in glossary.terms)
+    key = _hash("terms", ds._fingerprint, terms.mode, terms.rate, terms.seed, listed)
+    cache_file = cache_root(cfg) / "annotated" / f"{key}.arrow"
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    annotated = ds.map(
+        _annotate_batch,
+        batched=True,
+        with_indices=True,
+        input_columns=["src", "tgt"],
+        fn_kwargs={"glossary": glossary, "terms": terms},
+        cache_file_name=str(cache_file),
+        load_from_cache_file=True,
+        new_fingerprint=key,
+        num_proc=_num_proc(cfg, len(ds)),
+        desc=f"annotating source terms ({terms.mode})",
+    )
+    changed = sum(
+        a != b
+        for batch_a, batch_b in zip(
+            annotated.select_columns(["src"]).iter(batch_size=_WRITE_BATCH),
+            ds.select_columns(["src"]).iter(batch_size=_WRITE_BATCH),
+            strict=True,
+        )
+        for a, b in zip(batch_a["src"], batch_b["src"], strict=True)
+    )
+    log.info(
+        "term annotation (%s, rate %g): %d of %d training sources annotated, %d terms",
+        terms.mode,
+        terms.rate,
+        changed,
+        len(ds),
+        len(glossary),
+    )
+    return annotated
+
+
+def _annotate_batch(
+    srcs: list[str], tgts: list[str], rows: list[int], glossary: Glossary, terms: TermAnnotation
+) -> dict[str, list[str]]:
+    return {
+        "src": [
+            annotate_pair(src, tgt, glossary, terms, row)
+            for src, tgt, row in zip(srcs, tgts, rows, strict=True)
+        ]
+    }
 
 
 def cache_root(cfg: DataConfig) -> Path:

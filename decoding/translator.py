@@ -22,7 +22,7 @@ from attnmt.data.batching import encode_source_batch, pad_rows
 from attnmt.data.tokenizer import Tokenizer
 from attnmt.decoding import constraints as lexical
 from attnmt.decoding.alignment import Alignment, word_alignment
-from attnmt.decoding.glossary import Glossary, GlossaryError
+from attnmt.decoding.glossary import Glossary, GlossaryError, annotated_sources
 from attnmt.decoding.scoring import TokenScores, score_batch
 from attnmt.decoding.search import (
     Hypothesis,
@@ -164,7 +164,7 @@ class Translator:
             GlossaryError: a term found in a sentence is longer than that sentence's output
                 budget (`max_len_a`, `max_len_b`), or has no subwords the model can write.
         """
-        encoded = self._encode(sentences, prefixes, src_lang, tgt_lang)
+        encoded = self._encode(sentences, prefixes, src_lang, tgt_lang, glossary)
         tokenizer, src_ids, prefix_ids, given = encoded
         terms = self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
         if terms is not None:
@@ -189,7 +189,7 @@ class Translator:
     ) -> None:
         """Raise the `GlossaryError` that `translate_nbest` would raise for these inputs,
         without searching (the server checks each request before it joins a batch)."""
-        tokenizer, src_ids, prefix_ids, _ = self._encode(sentences, prefixes, None, None)
+        tokenizer, src_ids, prefix_ids, _ = self._encode(sentences, prefixes, None, None, glossary)
         self._terms(tokenizer, glossary, sentences, src_ids, prefix_ids)
 
     def _encode(
@@ -198,13 +198,16 @@ class Translator:
         prefixes: list[str] | None,
         src_lang: str | None,
         tgt_lang: str | None,
+        glossary: Glossary | list[Glossary | None] | None = None,
     ) -> tuple[Tokenizer, list[list[int]], list[list[int]] | None, list[int]]:
         """(the pair's tokenizer, source ids, forced target ids or None, the given target
-        ids: a multilingual model's language token, which starts every forced prefix)."""
+        ids: a multilingual model's language token, which starts every forced prefix). A
+        model trained with term annotation gets `glossary`'s terms annotated in its sources."""
         if isinstance(sentences, str):
             raise TypeError("translate takes a list of sentences, not a string")
         tokenizer = self.languages(src_lang, tgt_lang)
-        src_ids = tokenizer.encode_src([s.strip() for s in sentences])
+        sources = annotated_sources(tokenizer.tags, sentences, glossary)
+        src_ids = tokenizer.encode_src([s.strip() for s in sources])
         prefix_ids = None
         if prefixes is not None:
             if len(prefixes) != len(sentences):

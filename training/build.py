@@ -24,6 +24,7 @@ from attnmt.data.batching import BatchIterator, TokenBatchSampler, token_lengths
 from attnmt.data.dataset import (
     Corpus,
     DataConfig,
+    annotate_terms,
     cache_root,
     corpora,
     encode_split,
@@ -34,6 +35,7 @@ from attnmt.data.dataset import (
 from attnmt.data.errors import DataError
 from attnmt.data.spm_tokenizer import JOINT_MODEL, SRC_MODEL
 from attnmt.data.spm_train import train_or_load_tokenizer
+from attnmt.data.terms import annotation_config, read_dictionary
 from attnmt.data.tokenizer import Tokenizer, check_tags
 from attnmt.model import ModelConfig
 from attnmt.training import distributed
@@ -78,6 +80,8 @@ def load_data(
     data_cfg = cfg.data
     seconds = {} if seconds is None else seconds
     listed = corpora(data_cfg)  # several corpora, or [] for the one `data` names
+    terms = annotation_config(data_cfg.term_annotation)  # training sources only
+    dictionary = read_dictionary(terms)
     parts = listed or [Corpus("", data_cfg)]
     with _timed(seconds, "load"):
         raws = [load_split(c.data, c.data.train_split) for c in parts]
@@ -86,11 +90,12 @@ def load_data(
         filtered = []
         for raw, c in zip(raws, parts, strict=True):
             kept, counts = filter_train_pairs_counted(raw, c.data)
+            kept = annotate_terms(kept, c.data, terms, dictionary)
             filtered.append(tag_sources(kept, c.tag, c.data))
             for rule, n in counts.items():
                 dropped[rule] += n
         raws = filtered
-    tags = list(dict.fromkeys(c.tag for c in parts if c.tag))
+    tags = list(dict.fromkeys([*(c.tag for c in parts if c.tag), *terms.markers]))
     with _timed(seconds, "sentencepiece"):
         train_raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
         tokenizer = _run_tokenizer(train_raw, cfg, run_dir, tokenizer, tags)
