@@ -22,9 +22,11 @@ from attnmt.checkpoint import keep_newest_step_checkpoints, load_checkpoint, sav
 from attnmt.common import runtime
 from attnmt.common.files import atomic_write
 from attnmt.data.batching import BatchIterator
+from attnmt.data.dataset import cache_root
 from attnmt.decoding.config import RunDecoding
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
+from attnmt.engine.packing import choose
 from attnmt.training import build, distributed
 from attnmt.training.config import Configs
 from attnmt.training.evaluate import (
@@ -107,8 +109,15 @@ class Run(Learner):
     def translator(self, model: torch.nn.Module) -> Translator:
         """Validation's and the test's translator: the inference engine on the model's own
         parameters, in the run's decoding config (entered in `self.autocast()` by the caller,
-        as translate.py enters the recorded precision)."""
-        engine = Engine(model)
+        as translate.py enters the recorded precision). Its packed layers are chosen once and
+        remembered in the run's data cache (`data.cache_dir`), not in HOME: a node of a
+        multi-node run writes nothing there."""
+        pack = None
+        if self.ctx.device.type == "cpu":
+            cfg = model.cfg
+            cache = cache_root(self.cfg.data) / "packing.json"
+            pack = choose(cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size, cache)
+        engine = Engine(model, pack=pack)
         return Translator(engine, self.data.tokenizer, self.cfg.decoding, self.ctx.device)
 
     def validate(self) -> dict[str, float]:
