@@ -118,6 +118,18 @@ def test_packing_is_chosen_by_timing_and_remembered(tmp_path, monkeypatch) -> No
 
 
 @pytest.mark.skipif(not packing.packing_runs(), reason="torch built without oneDNN's packed linear")
+def test_timing_leaves_the_global_rng_alone(tmp_path) -> None:
+    """A run that times the choice and a resumed one that reads it must draw the same random
+    numbers afterwards (resume == uninterrupted)."""
+    torch.manual_seed(5)
+    packing.choose(16, 32, 40, tmp_path / "packing.json")
+    after_timing = torch.rand(3)
+    torch.manual_seed(5)
+    packing.choose(16, 32, 40, tmp_path / "packing.json")  # read from the cache
+    assert torch.equal(torch.rand(3), after_timing)
+
+
+@pytest.mark.skipif(not packing.packing_runs(), reason="torch built without oneDNN's packed linear")
 def test_timing_a_group_stays_within_its_budget() -> None:
     """The real timer on a model's shapes: positive medians, within the budget's quarter (plus
     the warm-up and one last pair of passes, at these sizes well under a second)."""
