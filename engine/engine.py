@@ -35,6 +35,7 @@ import math
 import threading
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +82,7 @@ class Engine(nn.Module):
         pack: on the CPU only, which linear layers run on oneDNN's packed weights: a
             `Packing`, True (every group), False (none), or None: the groups that paid when
             timed on this CPU for this model's shapes (`engine.packing.choose`, remembered in
-            the user cache). A search runs the engine's one-token step on packed decoder
+            the user cache, or `pack_cache`). A search runs the engine's one-token step on packed decoder
             layers; bf16 copies (under bf16 autocast, where oneDNN has bf16 on this CPU) take
             half the float32 weights' memory again.
 
@@ -93,7 +94,11 @@ class Engine(nn.Module):
     """
 
     def __init__(
-        self, model: Transformer, quantize: str = "none", pack: bool | Packing | None = None
+        self,
+        model: Transformer,
+        quantize: str = "none",
+        pack: bool | Packing | None = None,
+        pack_cache: Path | None = None,
     ) -> None:
         super().__init__()
         if quantize not in ("none", "int8"):
@@ -108,7 +113,8 @@ class Engine(nn.Module):
         if pack is None:  # what pays here, timed (`engine.packing`)
             cpu = quantize == "none" and device.type == "cpu"
             cfg = model.cfg
-            pack = choose(cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size) if cpu else Packing()
+            shape = (cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size)
+            pack = choose(*shape, cache=pack_cache) if cpu else Packing()
         if pack != Packing() and (quantize != "none" or device.type != "cpu"):
             raise ValueError("pack packs CPU layers: not with int8 or on another device")
         self.model = model

@@ -271,7 +271,9 @@ def test_the_engine_packs_the_groups_chosen(tiny_model, monkeypatch) -> None:
     model = tiny_model(seed=0).eval()
     asked = []
     choice = Packing(generator=True)
-    monkeypatch.setattr(engine_module, "choose", lambda *shape: asked.append(shape) or choice)
+    monkeypatch.setattr(
+        engine_module, "choose", lambda *shape, cache=None: asked.append(shape) or choice
+    )
     narrow = Engine(model)
     assert asked == [(model.cfg.d_model, model.cfg.d_ff, model.cfg.tgt_vocab_size)]
     assert narrow.packed and not narrow.own_decoder

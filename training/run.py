@@ -26,7 +26,6 @@ from attnmt.data.dataset import cache_root
 from attnmt.decoding.config import RunDecoding
 from attnmt.decoding.translator import Translator
 from attnmt.engine import Engine
-from attnmt.engine.packing import choose
 from attnmt.training import build, distributed
 from attnmt.training.config import Configs
 from attnmt.training.evaluate import (
@@ -112,12 +111,7 @@ class Run(Learner):
         as translate.py enters the recorded precision). Its packed layers are chosen once and
         remembered in the run's data cache (`data.cache_dir`), not in HOME: a node of a
         multi-node run writes nothing there."""
-        pack = None
-        if self.ctx.device.type == "cpu":
-            cfg = model.cfg
-            cache = cache_root(self.cfg.data) / "packing.json"
-            pack = choose(cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size, cache)
-        engine = Engine(model, pack=pack)
+        engine = Engine(model, pack_cache=cache_root(self.cfg.data) / "packing.json")
         return Translator(engine, self.data.tokenizer, self.cfg.decoding, self.ctx.device)
 
     def validate(self) -> dict[str, float]:
